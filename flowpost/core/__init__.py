@@ -1,0 +1,1 @@
+"""The shared torch training core. Imports no orchestration libraries (prefect, dvc)."""

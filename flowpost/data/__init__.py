@@ -1,0 +1,1 @@
+"""Data layer: typed records, acquisition, webdataset shards, condition cache, loaders."""
