@@ -12,6 +12,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+ADAPTER_FILE = "flowpost_adapter.json"
+
 
 @dataclass
 class ConditionBatch:
@@ -50,3 +52,93 @@ class ConditionBatch:
             token_mask=torch.cat([b.token_mask for b in batches]),
             pooled=torch.cat([b.pooled for b in batches]),
         )
+
+
+class ConditionState:
+    """Model-specific condition tensors, prepared once per batch from a ``ConditionBatch``."""
+
+    def __len__(self) -> int:
+        raise TypeError(f"{type(self).__name__} must define __len__")
+
+
+class ModelAdapter(ABC):
+    """Wraps a diffusers transformer with its condition encoder, output codec and snapshots.
+
+    Convention: ``x_sigma = (1 - sigma) * x0 + sigma * noise``; the model predicts the velocity
+    ``noise - x0``.
+    """
+
+    family: ClassVar[str]
+    encoder_name: str
+
+    @classmethod
+    @abstractmethod
+    def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict | None = None) -> ModelAdapter:
+        """A randomly initialised model (seeded, global RNG untouched)."""
+
+    @classmethod
+    @abstractmethod
+    def from_pretrained(cls, path: str | Path) -> ModelAdapter:
+        """Load what ``save_pretrained`` wrote."""
+
+    @abstractmethod
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write the trainable network as a diffusers folder plus an adapter manifest."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """Family, encoder, output codec and schedule, as the export manifest records them."""
+
+    @property
+    @abstractmethod
+    def latent_shape(self) -> tuple[int, ...]:
+        """Shape of one sample's latent (without the batch dimension)."""
+
+    @abstractmethod
+    def module(self) -> torch.nn.Module:
+        """The trainable network."""
+
+    def encode_conditions(self, prompts: list[str], *, max_length: int = 16) -> ConditionBatch:
+        """Encode prompts with this family's encoder (the condition cache node calls this once)."""
+        from flowpost.core.models.text_encoders import build_encoder
+
+        return build_encoder(self.encoder_name, max_length=max_length).encode(prompts)
+
+    @abstractmethod
+    def prepare_condition_state(self, batch: ConditionBatch) -> ConditionState:
+        """Turn cached embeddings into what ``velocity`` consumes; once per batch."""
+
+    @abstractmethod
+    def encode_output_state(self, media: Tensor) -> Tensor:
+        """Media in [0, 1] to the model's latent space (VAE encode, or identity up to scaling)."""
+
+    @abstractmethod
+    def decode(self, latents: Tensor) -> Tensor:
+        """Latents to media in [0, 1]."""
+
+    @abstractmethod
+    def velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
+        """One conditional velocity prediction; ``sigma`` is a scalar or per-sample [B]."""
+
+    def forward(
+        self,
+        latents: Tensor,
+        sigma: Tensor,
+        state: ConditionState,
+        *,
+        guidance: float = 1.0,
+        negative: ConditionState | None = None,
+    ) -> Tensor:
+        """Velocity with classifier-free guidance: ``v_neg + guidance * (v_pos - v_neg)``."""
+        if guidance == 1.0:
+            return self.velocity(latents, sigma, state)
+        if negative is None:
+            raise ValueError("guidance != 1 needs the negative (null-prompt) condition state")
+        both = type(state).cat([state, negative])  # type: ignore[attr-defined]
+        sigma_t = torch.as_tensor(sigma, dtype=latents.dtype).expand(latents.shape[0])
+        v_pos, v_neg = self.velocity(torch.cat([latents, latents]), torch.cat([sigma_t, sigma_t]), both).chunk(2)
+        return v_neg + guidance * (v_pos - v_neg)
+
+    @abstractmethod
+    def use_snapshot(self, name: str) -> contextlib.AbstractContextManager:
+        """Temporarily run with the named snapshot's weights (``ref``, ``ema``, ``old``)."""

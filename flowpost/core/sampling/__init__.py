@@ -1,1 +1,1 @@
-"""core/sampling."""
+"""Sigma schedules and sampler steps: pure functions, no scheduler state."""

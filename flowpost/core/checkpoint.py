@@ -1,0 +1,125 @@
+"""Exact-resume training state and model-only exports, written atomically.
+
+A checkpoint is ``checkpoints/step-N/`` with safetensors for tensors, ``optimizer.pt`` (read back
+with ``weights_only=True``), ``state.json`` for counters, and ``manifest.json`` (file hashes)
+written last inside the folder; the folder appears by rename, and ``checkpoints/latest`` (a JSON
+pointer) moves after it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from flowpost.core.io import atomic_directory, read_json, sha256_file, write_json_atomic
+from flowpost.core.logging import get_logger
+from flowpost.errors import FlowpostError
+
+log = get_logger(__name__)
+LATEST = "latest"
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class TrainingState:
+    """Everything a rank needs to continue a stage exactly where it stopped."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    snapshots: dict[str, dict[str, torch.Tensor]]
+    rng: dict[str, torch.Tensor]
+    trainer: dict[str, Any]
+
+
+def save_checkpoint(root: str | Path, state: TrainingState) -> Path:
+    """Write ``root/step-N`` atomically, then point ``root/latest`` at it."""
+    root = Path(root)
+    final = root / f"step-{state.step}"
+    with atomic_directory(final) as tmp:
+        save_file(_contiguous(state.model), tmp / "model.safetensors")
+        for name, tensors in state.snapshots.items():
+            save_file(_contiguous(tensors), tmp / f"snapshot-{name}.safetensors")
+        save_file(_contiguous(state.rng), tmp / "rng.safetensors")
+        torch.save({"optimizer": state.optimizer, "scheduler": state.scheduler}, tmp / "optimizer.pt")
+        write_json_atomic(tmp / "state.json", {"step": state.step, "trainer": state.trainer})
+        files = sorted(p.name for p in tmp.iterdir())
+        write_json_atomic(tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}})
+    write_json_atomic(root / LATEST, {"step": state.step, "path": final.name})
+    return final
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if every file matches the manifest, else why not."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.exists():
+        return "no manifest (partial write)"
+    try:
+        manifest = read_json(manifest_path, what="checkpoint manifest")
+    except FlowpostError as exc:
+        return str(exc)
+    for name, digest in manifest["files"].items():
+        file = path / name
+        if not file.exists():
+            return f"{name} is missing"
+        if sha256_file(file) != digest:
+            return f"{name} does not match its hash"
+    return None
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest intact checkpoint under ``root``: ``latest`` if valid, else the newest valid step."""
+    root = Path(root)
+    candidates: list[Path] = []
+    pointer = root / LATEST
+    if pointer.exists():
+        try:
+            candidates.append(root / read_json(pointer, what="latest pointer")["path"])
+        except (FlowpostError, KeyError):
+            log.warning("%s is unreadable; scanning for checkpoints", pointer)
+    steps = sorted(
+        (p for p in root.glob("step-*") if _STEP_DIR.match(p.name)),
+        key=lambda p: int(_STEP_DIR.match(p.name).group(1)),  # type: ignore[union-attr]
+        reverse=True,
+    )
+    candidates.extend(p for p in steps if p not in candidates)
+    for path in candidates:
+        problem = verify_checkpoint(path) if path.is_dir() else "missing"
+        if problem is None:
+            return path
+        log.warning("skipping checkpoint %s: %s", path, problem)
+    return None
+
+
+def load_checkpoint(path: str | Path) -> TrainingState:
+    """Read a checkpoint written by ``save_checkpoint`` (verified first)."""
+    path = Path(path)
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        raise FlowpostError(f"checkpoint is corrupt: {problem}; delete it to start over", where=str(path))
+    meta = read_json(path / "state.json", what="checkpoint state")
+    extras = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+    snapshots = {
+        p.name.removeprefix("snapshot-").removesuffix(".safetensors"): load_file(p)
+        for p in sorted(path.glob("snapshot-*.safetensors"))
+    }
+    return TrainingState(
+        step=int(meta["step"]),
+        model=load_file(path / "model.safetensors"),
+        optimizer=extras["optimizer"],
+        scheduler=extras["scheduler"],
+        snapshots=snapshots,
+        rng=load_file(path / "rng.safetensors"),
+        trainer=meta["trainer"],
+    )
+
+
+def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: value.detach().contiguous().cpu() for key, value in tensors.items()}

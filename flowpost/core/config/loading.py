@@ -1,0 +1,112 @@
+"""Load a pipeline file, apply dotted overrides, validate, and report errors by dotted path."""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.errors import FlowpostError
+
+DEFAULT_PIPELINE = "digits"
+
+
+def default_pipeline_path() -> Path:
+    """The embedded default pipeline shipped as package data."""
+    return Path(str(resources.files("flowpost") / "pipelines" / f"{DEFAULT_PIPELINE}.yaml"))
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML mapping; syntax errors name the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FlowpostError("pipeline file not found; check the path", where=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise FlowpostError(f"invalid YAML: {problem}", where=f"{path}{line}") from None
+    if not isinstance(data, dict):
+        raise FlowpostError("a pipeline file must be a YAML mapping at the top level", where=str(path))
+    return data
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``a.b.c=value``; the value is parsed as YAML (numbers, booleans, lists)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise FlowpostError(f"override {text!r} must look like dotted.path=value", where="--set")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``dotted.path=value`` set."""
+    result = copy.deepcopy(data)
+    for text in overrides:
+        key, value = parse_override(text)
+        node: Any = result
+        parts = key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise FlowpostError(f"cannot set {key!r}: {where} is not a mapping", where="--set")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> PipelineConfig:
+    """Validate a raw mapping, including each stage's ``train:`` section against its trainer."""
+    try:
+        pipeline = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise FlowpostError(_format_errors(exc, prefix=""), where=source) from None
+    for name, stage in pipeline.stages.items():
+        try:
+            stage.arguments()
+        except ValidationError as exc:
+            raise FlowpostError(_format_errors(exc, prefix=f"stages.{name}.train."), where=source) from None
+        except FlowpostError as exc:
+            raise FlowpostError(str(exc), where=source) from None
+    return pipeline
+
+
+def load_pipeline(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load, override and validate a pipeline file (the embedded default when ``path`` is None)."""
+    file = Path(path) if path is not None else default_pipeline_path()
+    data = apply_overrides(read_yaml(file), overrides or [])
+    return validate_pipeline(data, source=str(file))
+
+
+def pipeline_to_dict(pipeline: PipelineConfig) -> dict[str, Any]:
+    """The resolved pipeline as plain data (the form `config show` prints and DVC params hold)."""
+    return pipeline.model_dump(mode="json", by_alias=True)
+
+
+def _format_errors(exc: ValidationError, *, prefix: str) -> str:
+    lines = []
+    for error in exc.errors():
+        path = prefix + ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key; remove it or check its spelling"
+        elif error["type"] == "literal_error":
+            message = f"{message} (got {error.get('input')!r})"
+        lines.append(f"{path}: {message}" if path else message)
+    return "invalid configuration:\n  " + "\n  ".join(lines)

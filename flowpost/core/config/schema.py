@@ -1,0 +1,179 @@
+"""Typed schema of a pipeline file. Every section rejects unknown keys."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from flowpost.core.config.base import StrictModel
+from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.registry import arguments_class
+
+Name = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+
+
+class DatasetConfig(StrictModel):
+    """How to acquire one dataset."""
+
+    source: Literal["builtin-digits"]
+    image_size: int = Field(16, ge=8, le=64)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    split_seed: int = 0
+
+
+class ConditionsConfig(StrictModel):
+    """Which encoder caches the prompts of which datasets."""
+
+    encoder: Literal["minilm"] = "minilm"
+    datasets: list[str] = Field(min_length=1)
+    max_length: int = Field(16, ge=4, le=256)
+
+
+class ModelConfig(StrictModel):
+    """The model a stage trains: a registered family, initialised from scratch or a stage."""
+
+    family: str = "tiny-sd3"
+    init: str = Field("scratch", description="'scratch' or the name of an earlier stage")
+    shift: float = Field(1.0, gt=0, description="flow-matching sigma shift")
+    transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
+
+
+class DataRef(StrictModel):
+    """The dataset and condition cache a stage reads."""
+
+    dataset: str
+    conditions: str
+
+
+class EMAConfig(StrictModel):
+    decay: float = Field(0.999, gt=0, lt=1)
+    warmup: bool = Field(True, description="use min(decay, (1+n)/(10+n)) early in training")
+
+
+class GradClipConfig(StrictModel):
+    max_norm: float = Field(1.0, gt=0)
+
+
+class ValidationConfig(StrictModel):
+    every: int = Field(ge=1, description="optimizer steps between validation grids")
+    prompts: list[str] = Field(min_length=1)
+    samples_per_prompt: int = Field(4, ge=1)
+    steps: int = Field(20, ge=1)
+    guidance: float = Field(1.0, ge=0)
+
+
+class CallbacksConfig(StrictModel):
+    ema: EMAConfig | None = None
+    grad_clip: GradClipConfig | None = None
+    validation: ValidationConfig | None = None
+    trackers: list[Literal["tensorboard", "dvclive", "wandb"]] = Field(default_factory=list)
+
+
+class LaunchConfig(StrictModel):
+    """How many processes train a stage. Topology (nodes, addresses) comes from flags/env."""
+
+    num_processes: int = Field(1, ge=1)
+    backend: Literal["ddp", "fsdp2", "deepspeed-zero2"] = "ddp"
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+
+
+class StageConfig(StrictModel):
+    """One training stage: a trainer, its model, data and arguments."""
+
+    trainer: str
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataRef | None = None
+    train: dict[str, Any] = Field(default_factory=dict)
+    callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+
+    @field_validator("trainer")
+    @classmethod
+    def _lowercase(cls, value: str) -> str:
+        if value != value.lower():
+            raise ValueError(f"trainer names are lowercase; use {value.lower()!r}")
+        return value
+
+    def arguments(self, *, smoke: bool = False) -> TrainerArguments:
+        """The validated ``train:`` section as the trainer's arguments class."""
+        args = arguments_class(self.trainer).model_validate(self.train)
+        return args.smoke() if smoke else args
+
+
+class EvaluateConfig(StrictModel):
+    """Evaluation of stage checkpoints on held-out prompt templates."""
+
+    after: list[str] = Field(default_factory=list)
+    dataset: str | None = Field(None, description="held-out prompts, real images, judge; default: first dataset")
+    conditions: str | None = Field(None, description="condition cache of the prompts; default: first one")
+    samples: int = Field(500, ge=1)
+    steps: int = Field(20, ge=1)
+    guidance: float = Field(1.0, ge=0)
+    seed: int = 1234
+    batch_size: int = Field(250, ge=1)
+    weights: Literal["ema", "live"] = Field("ema", description="ema falls back to live without EMA")
+
+
+class ExportConfig(StrictModel):
+    from_stage: str = Field(alias="from")
+    formats: list[Literal["diffusers"]] = Field(default_factory=lambda: ["diffusers"])
+
+
+class PipelineConfig(StrictModel):
+    """A whole pipeline file."""
+
+    name: str = Name
+    seed: int = 0
+    smoke: bool = False
+    datasets: dict[str, DatasetConfig] = Field(min_length=1)
+    conditions: dict[str, ConditionsConfig] = Field(default_factory=dict)
+    stages: dict[str, StageConfig] = Field(min_length=1)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    export: ExportConfig | None = None
+
+    @model_validator(mode="after")
+    def _references(self) -> PipelineConfig:
+        errors: list[tuple[str, str]] = []
+        for name, cond in self.conditions.items():
+            for i, ds in enumerate(cond.datasets):
+                if ds not in self.datasets:
+                    errors.append((f"conditions.{name}.datasets.{i}", _unknown("dataset", ds, self.datasets)))
+        earlier: list[str] = []
+        for name, stage in self.stages.items():
+            if stage.data is not None:
+                if stage.data.dataset not in self.datasets:
+                    errors.append(
+                        (f"stages.{name}.data.dataset", _unknown("dataset", stage.data.dataset, self.datasets))
+                    )
+                if stage.data.conditions not in self.conditions:
+                    errors.append(
+                        (
+                            f"stages.{name}.data.conditions",
+                            _unknown("conditions", stage.data.conditions, self.conditions),
+                        )
+                    )
+            init = stage.model.init
+            if init != "scratch" and init not in earlier:
+                errors.append((f"stages.{name}.model.init", _unknown("earlier stage", init, ["scratch", *earlier])))
+            earlier.append(name)
+        for i, stage_name in enumerate(self.evaluate.after):
+            if stage_name not in self.stages:
+                errors.append((f"evaluate.after.{i}", _unknown("stage", stage_name, self.stages)))
+        if self.evaluate.dataset is None:
+            self.evaluate.dataset = next(iter(self.datasets))
+        if self.evaluate.conditions is None and self.conditions:
+            self.evaluate.conditions = next(iter(self.conditions))
+        if self.evaluate.dataset not in self.datasets:
+            errors.append(("evaluate.dataset", _unknown("dataset", self.evaluate.dataset, self.datasets)))
+        if self.evaluate.after and self.evaluate.conditions not in self.conditions:
+            errors.append(("evaluate.conditions", _unknown("conditions", str(self.evaluate.conditions), self.conditions)))
+        if self.export is not None and self.export.from_stage not in self.stages:
+            errors.append(("export.from", _unknown("stage", self.export.from_stage, self.stages)))
+        if errors:
+            raise ValueError("; ".join(f"[{path}] {msg}" for path, msg in errors))
+        return self
+
+
+def _unknown(kind: str, value: str, allowed: Any) -> str:
+    return f"unknown {kind} {value!r}; allowed: {', '.join(sorted(allowed)) or 'none defined'}"

@@ -1,0 +1,90 @@
+"""The per-rank entry point of a training stage: ``python -m flowpost.core.launch STAGE.json``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from flowpost.core.callbacks.base import Callback
+from flowpost.core.callbacks.ema import EMACallback
+from flowpost.core.callbacks.grad_clip import GradClipCallback
+from flowpost.core.callbacks.tracking import TrackingCallback
+from flowpost.core.callbacks.validation import ValidationCallback
+from flowpost.core.config.schema import CallbacksConfig, StageConfig
+from flowpost.core.logging import get_logger
+from flowpost.core.models.base import ModelAdapter
+from flowpost.core.models.registry import adapter_class, load_adapter
+from flowpost.core.progress import TrainingProgress
+from flowpost.core.trainers.registry import trainer_class
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.errors import FlowpostError
+
+log = get_logger(__name__)
+
+
+def build_callbacks(config: CallbacksConfig, spec: StageSpec) -> list[Callback]:
+    """Callbacks in a fixed order: clipping, EMA, validation, tracking."""
+    out = Path(spec.output_dir)
+    callbacks: list[Callback] = []
+    if config.grad_clip is not None:
+        callbacks.append(GradClipCallback(max_norm=config.grad_clip.max_norm))
+    if config.ema is not None:
+        callbacks.append(EMACallback(decay=config.ema.decay, warmup=config.ema.warmup))
+    if config.validation is not None:
+        from flowpost.data.condition_cache import load_conditions
+
+        if spec.conditions_dir is None:
+            raise FlowpostError("validation needs the stage's data.conditions", where="callbacks.validation")
+        cache = Path(spec.conditions_dir)
+        fingerprint = spec.encoder_fingerprint or ""
+        callbacks.append(
+            ValidationCallback(
+                every=config.validation.every,
+                prompts=config.validation.prompts,
+                conditions=load_conditions(cache, config.validation.prompts, encoder_fingerprint=fingerprint),
+                negative=load_conditions(cache, [""], encoder_fingerprint=fingerprint),
+                samples_per_prompt=config.validation.samples_per_prompt,
+                steps=config.validation.steps,
+                guidance=config.validation.guidance,
+                out_dir=out / "validation",
+            )
+        )
+    if config.trackers:
+        callbacks.append(TrackingCallback(list(config.trackers), out / "logs"))
+    return callbacks
+
+
+def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
+    """A fresh model (seeded) or the weights of the stage named by ``model.init``."""
+    if spec.init_from is not None:
+        return load_adapter(spec.init_from)
+    cls = adapter_class(stage.model.family, where=f"stages.{spec.stage}.model.family")
+    return cls.from_scratch(seed=spec.seed, shift=stage.model.shift, overrides=stage.model.transformer)
+
+
+def run_stage(spec: StageSpec) -> TrainingProgress:
+    """Validate, build and run one stage in this process."""
+    stage = StageConfig.model_validate(spec.config)
+    args = stage.arguments(smoke=spec.smoke)
+    trainer_cls = trainer_class(stage.trainer, where=f"stages.{spec.stage}.trainer")  # before any model loads
+    adapter = build_adapter(stage, spec)
+    trainer = trainer_cls(spec=spec, args=args, adapter=adapter, callbacks=build_callbacks(stage.callbacks, spec))
+    return trainer.start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m flowpost.core.launch STAGE.json", file=sys.stderr)
+        return 2
+    try:
+        progress = run_stage(StageSpec.read(argv[0]))
+    except FlowpostError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    log.info("stage finished at %s", progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

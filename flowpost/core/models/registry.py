@@ -1,0 +1,28 @@
+"""Static registry of model families (lazy imports)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from flowpost.core.io import read_json
+from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
+from flowpost.errors import FlowpostError
+
+FAMILIES: dict[str, str] = {
+    "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
+}
+
+
+def adapter_class(family: str, *, where: str = "model.family") -> type[ModelAdapter]:
+    """The adapter class registered for ``family``."""
+    if family not in FAMILIES:
+        raise FlowpostError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}", where=where)
+    module, _, attr = FAMILIES[family].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_adapter(path: str | Path) -> ModelAdapter:
+    """Load a saved adapter folder, dispatching on the family its manifest names."""
+    meta = read_json(Path(path) / ADAPTER_FILE, what="model adapter manifest")
+    return adapter_class(meta["family"], where=str(path)).from_pretrained(path)

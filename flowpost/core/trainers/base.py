@@ -1,0 +1,262 @@
+"""BaseTrainer: the one training loop. Algorithms implement hooks; they never override ``start``."""
+
+from __future__ import annotations
+
+import random
+from abc import ABC
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from flowpost.core.callbacks.base import Callback, CallbackList
+from flowpost.core.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
+from flowpost.core.events import EventLog
+from flowpost.core.io import atomic_directory, write_json_atomic
+from flowpost.core.logging import get_logger
+from flowpost.core.models.base import ModelAdapter
+from flowpost.core.progress import TrainingProgress
+from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.registry import check_contracts
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.errors import FlowpostError
+
+log = get_logger(__name__)
+_HOOKS = ("sample", "optimize", "optimize_batch")
+
+
+class BaseTrainer(ABC):
+    """Owns seeding, resume, the acquisition loop, the optimizer, cadences and callbacks.
+
+    A concrete trainer declares ``execution_contract`` and ``paradigm`` (equal to its arguments
+    class') and implements exactly the hooks its contract requires: ``optimize_batch`` for the
+    dataset contract, ``sample`` and ``optimize`` for generation contracts.
+    """
+
+    execution_contract: ClassVar[ExecutionContract]
+    paradigm: ClassVar[Paradigm]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        contract = cls.__dict__.get("execution_contract")
+        if contract is None:
+            return
+        required = contract.required_hooks()
+        missing = [h for h in required if getattr(cls, h) is getattr(BaseTrainer, h)]
+        extra = [h for h in _HOOKS if h not in required and getattr(cls, h) is not getattr(BaseTrainer, h)]
+        if missing or extra:
+            raise TypeError(
+                f"{cls.__name__} declares the {contract} contract: it must implement {list(required)}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; {extra} belong to another contract" if extra else "")
+            )
+
+    def __init__(
+        self,
+        *,
+        spec: StageSpec,
+        args: TrainerArguments,
+        adapter: ModelAdapter,
+        callbacks: list[Callback] | None = None,
+        accelerator: Any | None = None,
+    ) -> None:
+        check_contracts(type(self), type(args), where=f"stages.{spec.stage}.trainer")
+        from accelerate import Accelerator
+
+        self.spec = spec
+        self.stage = spec.stage
+        self.args = args
+        self.adapter = adapter
+        self.output_dir = Path(spec.output_dir)
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.callbacks = CallbackList(callbacks or [])
+        self.progress = TrainingProgress()
+        self.events = EventLog(
+            self.output_dir / "events.jsonl", stage=self.stage, enabled=self.accelerator.is_main_process
+        )
+        self._micro_index = 0
+        self.setup()
+        model = adapter.module()
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay
+        )
+        warmup = args.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+
+    # -- hooks -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Load what the trainer reads (data, conditions); called once before the optimizer."""
+
+    def sample(self) -> list[Any]:
+        """Generation contracts: produce one acquisition cycle of samples."""
+        raise TypeError(f"{type(self).__name__} does not acquire by generation")
+
+    def optimize(self, samples: list[Any]) -> None:
+        """Generation contracts: update the policy from one cycle's samples."""
+        raise TypeError(f"{type(self).__name__} does not acquire by generation")
+
+    def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Dataset contract: return ``{"loss": scalar, ...metrics}`` for one micro-batch."""
+        raise TypeError(f"{type(self).__name__} does not train on a dataset")
+
+    def build_loader(self) -> Any:
+        """Dataset contract: the finite, rank-aware loader (``batches_per_epoch``, ``iter_epoch``)."""
+        raise TypeError(f"{type(self).__name__} does not train on a dataset")
+
+    def _after_acquisition_cycle(self) -> None:
+        """Called after each data epoch or rollout iteration (e.g. to refresh an old-policy snapshot)."""
+
+    # -- the loop ------------------------------------------------------------------------------
+    def start(self) -> TrainingProgress:
+        """Run the stage to ``max_steps`` (resuming from the latest checkpoint when allowed)."""
+        self._seed_everything()
+        resumed = self._resume() if self.spec.resume else None
+        self.callbacks.on_train_start(self)
+        self.events.emit(
+            "start", step=self.progress.optimizer_step, max_steps=self.args.max_steps, resumed_from=resumed
+        )
+        loops = {Acquisition.DATASET: self._run_dataset_epochs}
+        loop = loops.get(self.execution_contract.acquisition)
+        if loop is None:
+            raise FlowpostError(
+                f"trainer {type(self).__name__} acquires by {self.execution_contract.acquisition}, "
+                "which this version of the loop does not drive",
+                where=f"stages.{self.stage}.trainer",
+            )
+        loop()
+        if self._last_saved_step != self.progress.optimizer_step:
+            self.save_checkpoint()
+        self.callbacks.on_train_end(self)
+        self.save_final_weights()
+        self.events.emit("done", step=self.progress.optimizer_step, progress=self.progress.to_dict())
+        return self.progress
+
+    def _run_dataset_epochs(self) -> None:
+        loader = self.build_loader()
+        accum = self.args.gradient_accumulation_steps
+        usable = loader.batches_per_epoch - loader.batches_per_epoch % accum
+        if usable == 0:
+            raise FlowpostError(
+                f"the dataset gives {loader.batches_per_epoch} batches per epoch at this batch size, "
+                f"fewer than gradient_accumulation_steps={accum}; lower batch_size or accumulation",
+                where=f"stages.{self.stage}.train.batch_size",
+            )
+        while self.progress.optimizer_step < self.args.max_steps:
+            self._run_dataset_epoch(loader, usable, accum)
+
+    def _run_dataset_epoch(self, loader: Any, usable: int, accum: int) -> None:
+        """One pass; ``data_epoch`` advances only when all ``usable`` batches ran cleanly."""
+        sums: dict[str, float] = defaultdict(float)
+        start = self.progress.epoch_cursor
+        for offset, batch in enumerate(loader.iter_epoch(self.progress.data_epoch, start_batch=start)):
+            if start + offset >= usable:
+                break
+            self._micro_index = offset % accum
+            outputs = self.optimize_batch(batch)
+            self.accelerator.backward(outputs["loss"] / accum)
+            for key, value in outputs.items():
+                sums[key] += float(value.detach()) / accum
+            if self._micro_index == accum - 1:
+                self._optimizer_step(accum, dict(sums), epoch_done=start + offset + 1 >= usable)
+                sums.clear()
+                if self.progress.optimizer_step >= self.args.max_steps:
+                    return
+        if self.progress.epoch_cursor >= usable:
+            self._finish_epoch()
+
+    def _finish_epoch(self) -> None:
+        self.progress = self.progress.after_epoch()
+        self._after_acquisition_cycle()
+
+    def _optimizer_step(self, micro_batches: int, metrics: dict[str, float], *, epoch_done: bool) -> None:
+        metrics.update(self.callbacks.on_before_optimizer_step(self))
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.progress = self.progress.after_optimizer_step(micro_batches)
+        if epoch_done:
+            self._finish_epoch()
+        metrics = self._global_mean(metrics)
+        self.callbacks.on_step_end(self, metrics)
+        step = self.progress.optimizer_step
+        if step % self.args.log_every == 0 or step == self.args.max_steps:
+            self.events.emit("step", step=step, max_steps=self.args.max_steps, metrics=metrics)
+        if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
+            self.save_checkpoint()
+
+    # -- addressing ------------------------------------------------------------------------------
+    def sample_indices(self, local_batch_size: int) -> list[int]:
+        """Global indices, within the current optimizer step, of this rank's micro-batch rows."""
+        global_batch = self.args.batch_size
+        base = self._micro_index * global_batch + self.accelerator.process_index * local_batch_size
+        return list(range(base, base + local_batch_size))
+
+    # -- state ---------------------------------------------------------------------------------
+    _last_saved_step = -1
+
+    def save_checkpoint(self) -> None:
+        state = TrainingState(
+            step=self.progress.optimizer_step,
+            model=self.accelerator.unwrap_model(self.model).state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            snapshots={n: self.adapter.snapshots.state_dict(n) for n in self.adapter.snapshots.names()},
+            rng={"torch": torch.get_rng_state()},
+            trainer={"progress": self.progress.to_dict(), "callbacks": self.callbacks.state_dict()},
+        )
+        if self.accelerator.is_main_process:
+            path = save_checkpoint(self.output_dir / "checkpoints", state)
+            self.events.emit("checkpoint", step=state.step, path=str(path))
+        self.accelerator.wait_for_everyone()
+        self._last_saved_step = state.step
+
+    def _resume(self) -> str | None:
+        path = latest_checkpoint(self.output_dir / "checkpoints")
+        if path is None:
+            return None
+        state = load_checkpoint(path)
+        self.accelerator.unwrap_model(self.model).load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        for name, tensors in state.snapshots.items():
+            self.adapter.snapshots.load_state_dict(name, tensors)
+        torch.set_rng_state(state.rng["torch"])
+        self.progress = TrainingProgress.from_dict(state.trainer["progress"])
+        self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
+        self._last_saved_step = state.step
+        log.info("resumed stage %s from %s (step %d)", self.stage, path, state.step)
+        return str(path)
+
+    def save_final_weights(self) -> None:
+        """``final/live`` always, ``final/<snapshot>`` for every snapshot (e.g. ``ema``), progress."""
+        if not self.accelerator.is_main_process:
+            return
+        with atomic_directory(self.output_dir / "final" / "live") as tmp:
+            self.adapter.save_pretrained(tmp)
+        for name in self.adapter.snapshots.names():
+            with self.adapter.use_snapshot(name), atomic_directory(self.output_dir / "final" / name) as tmp:
+                self.adapter.save_pretrained(tmp)
+        write_json_atomic(self.output_dir / "final" / "progress.json", self.progress.to_dict())
+
+    def _seed_everything(self) -> None:
+        seed = self.spec.seed
+        random.seed(seed)
+        np.random.seed(seed % (1 << 32))
+        torch.manual_seed(seed)
+
+    def _global_mean(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.accelerator.num_processes == 1 or not metrics:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        values = self.accelerator.reduce(values, reduction="mean")
+        return {k: float(v) for k, v in zip(keys, values.tolist(), strict=True)}

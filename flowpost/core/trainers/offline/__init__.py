@@ -1,0 +1,1 @@
+"""Trainers on finite datasets (the dataset contract)."""

@@ -1,0 +1,55 @@
+"""Static, lowercase registries of trainers and their arguments classes (lazy imports)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from flowpost.errors import FlowpostError
+
+if TYPE_CHECKING:
+    from flowpost.core.trainers.arguments import TrainerArguments
+    from flowpost.core.trainers.base import BaseTrainer
+
+TRAINERS: dict[str, str] = {
+    "sft": "flowpost.core.trainers.offline.sft:SFTTrainer",
+}
+ARGUMENTS: dict[str, str] = {
+    "sft": "flowpost.core.trainers.offline.sft:SFTArguments",
+}
+
+
+def _load(path: str) -> type:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _check_name(name: str, where: str) -> str:
+    if name not in TRAINERS:
+        known = ", ".join(sorted(TRAINERS))
+        raise FlowpostError(f"unknown trainer {name!r}; known trainers: {known}", where=where)
+    return name
+
+
+def arguments_class(name: str, *, where: str = "trainer") -> type[TrainerArguments]:
+    """The arguments class registered for trainer ``name``."""
+    return _load(ARGUMENTS[_check_name(name, where)])
+
+
+def trainer_class(name: str, *, where: str = "trainer") -> type[BaseTrainer]:
+    """The trainer class registered for ``name``, checked against its arguments class."""
+    trainer = _load(TRAINERS[_check_name(name, where)])
+    check_contracts(trainer, arguments_class(name, where=where), where=where)
+    return trainer
+
+
+def check_contracts(trainer: type, arguments: type, *, where: str = "trainer") -> None:
+    """Reject a trainer whose contract or paradigm differs from its arguments class'."""
+    for attr in ("execution_contract", "paradigm"):
+        mine, theirs = getattr(trainer, attr, None), getattr(arguments, attr, None)
+        if mine != theirs:
+            raise FlowpostError(
+                f"{trainer.__name__}.{attr} is {mine} but {arguments.__name__}.{attr} is {theirs}; "
+                "a trainer and its arguments class must declare the same value",
+                where=where,
+            )

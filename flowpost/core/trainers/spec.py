@@ -1,0 +1,33 @@
+"""What one training stage process needs to run: written by the orchestrator, read by each rank."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowpost.core.io import read_json, write_json_atomic
+
+
+@dataclass
+class StageSpec:
+    """A stage's resolved config plus the paths of its inputs and its output folder."""
+
+    stage: str
+    seed: int
+    config: dict[str, Any]
+    output_dir: str
+    smoke: bool = False
+    dataset_dir: str | None = None
+    conditions_dir: str | None = None
+    encoder_fingerprint: str | None = None
+    init_from: str | None = None
+    resume: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, path: str | Path) -> None:
+        write_json_atomic(path, asdict(self))
+
+    @classmethod
+    def read(cls, path: str | Path) -> StageSpec:
+        return cls(**read_json(path, what="stage spec"))

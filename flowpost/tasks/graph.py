@@ -1,0 +1,92 @@
+"""Expand a pipeline into nodes with stable ids, dependencies and fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.io import sha256_json
+
+
+@dataclass(frozen=True)
+class Node:
+    """One unit of work: ``kind`` is its function, ``key`` the config entry it runs."""
+
+    id: str
+    kind: str
+    key: str
+    deps: tuple[str, ...]
+    config: dict[str, Any]
+
+
+def build_nodes(pipeline: PipelineConfig) -> list[Node]:
+    """All nodes of ``pipeline`` in a valid execution order."""
+    p = pipeline
+    nodes: list[Node] = []
+    common = {"seed": p.seed, "smoke": p.smoke}
+    for name, dataset in p.datasets.items():
+        nodes.append(Node(f"acquire.{name}", "acquire", name, (), {**common, **dataset.model_dump(mode="json")}))
+    for name, cond in p.conditions.items():
+        extra = sorted({prompt for stage in p.stages.values()
+                        if stage.data is not None and stage.data.conditions == name
+                        and stage.callbacks.validation is not None
+                        for prompt in stage.callbacks.validation.prompts})
+        nodes.append(
+            Node(
+                f"conditions.{name}",
+                "conditions",
+                name,
+                tuple(f"acquire.{ds}" for ds in cond.datasets),
+                {**cond.model_dump(mode="json"), "extra_prompts": extra},
+            )
+        )
+    for name, stage in p.stages.items():
+        deps = []
+        if stage.data is not None:
+            deps += [f"acquire.{stage.data.dataset}", f"conditions.{stage.data.conditions}"]
+        if stage.model.init != "scratch":
+            deps.append(f"train.{stage.model.init}")
+        nodes.append(Node(f"train.{name}", "train", name, tuple(deps), {**common, **stage.model_dump(mode="json")}))
+    for name in p.evaluate.after:
+        deps = [f"train.{name}", f"acquire.{p.evaluate.dataset}", f"conditions.{p.evaluate.conditions}"]
+        nodes.append(Node(f"eval.{name}", "eval", name, tuple(deps), {**common, **p.evaluate.model_dump(mode="json")}))
+    if p.export is not None:
+        source = p.export.from_stage
+        deps = [f"train.{source}"] + ([f"eval.{source}"] if source in p.evaluate.after else [])
+        nodes.append(Node("export", "export", source, tuple(deps), {**common, **p.export.model_dump(mode="json", by_alias=True),
+                                                                      "weights": p.evaluate.weights}))
+    report_deps = tuple(f"eval.{name}" for name in p.evaluate.after) + (("export",) if p.export else ())
+    nodes.append(Node("report", "report", "report", report_deps, {**common, "name": p.name}))
+    return nodes
+
+
+@cache
+def code_fingerprint() -> str:
+    """Hash of the flowpost sources plus the versions of the numeric libraries they run on."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    for dist in ("torch", "diffusers", "transformers", "accelerate", "numpy", "scikit-learn"):
+        try:
+            digest.update(f"{dist}=={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            digest.update(f"{dist}==absent".encode())
+    return digest.hexdigest()
+
+
+def fingerprints(nodes: list[Node], *, code: str | None = None) -> dict[str, str]:
+    """Node id -> hash(kind, config, upstream fingerprints, code fingerprint)."""
+    code = code or code_fingerprint()
+    result: dict[str, str] = {}
+    for node in nodes:
+        result[node.id] = sha256_json(
+            {"kind": node.kind, "config": node.config, "deps": {d: result[d] for d in node.deps}, "code": code}
+        )
+    return result

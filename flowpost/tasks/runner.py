@@ -1,0 +1,142 @@
+"""Run one node into its content-addressed folder, or reuse a completed one.
+
+``WORKSPACE/<node-id>/<fingerprint[:12]>/`` holds a node's outputs; ``_complete.json``, written
+last, marks them usable. Without it the folder is an interrupted attempt: a training node
+resumes from its checkpoints there, other nodes start that folder over.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowpost.core.config.loading import pipeline_to_dict
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.io import read_json, write_json_atomic
+from flowpost.tasks.acquire import acquire_dataset
+from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
+from flowpost.tasks.evaluate import evaluate_stage
+from flowpost.tasks.export import export_stage
+from flowpost.tasks.graph import Node, build_nodes, fingerprints
+from flowpost.tasks.report import write_report
+from flowpost.tasks.train import EventHandler, run_training, stage_spec
+from flowpost.errors import FlowpostError
+
+COMPLETE = "_complete.json"
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    node: str
+    status: str  # "ran" | "cached"
+    path: Path
+    fingerprint: str
+    seconds: float
+    outputs: dict[str, Any]
+
+
+class PipelineRun:
+    """A pipeline bound to a workspace: node graph, fingerprints, folders."""
+
+    def __init__(self, pipeline: PipelineConfig, workspace: str | Path) -> None:
+        self.pipeline = pipeline
+        self.workspace = Path(workspace).resolve()
+        self.nodes = {node.id: node for node in build_nodes(pipeline)}
+        self.fingerprints = fingerprints(list(self.nodes.values()))
+
+    def node(self, node_id: str) -> Node:
+        if node_id not in self.nodes:
+            raise FlowpostError(f"unknown node {node_id!r}; nodes: {', '.join(self.nodes)}", where="NODE")
+        return self.nodes[node_id]
+
+    def path(self, node_id: str) -> Path:
+        return self.workspace / node_id / self.fingerprints[node_id][:12]
+
+    def is_complete(self, node_id: str) -> bool:
+        return (self.path(node_id) / COMPLETE).exists()
+
+    def execute(
+        self, node_id: str, *, refresh: bool = False, resume: bool = True, on_event: EventHandler | None = None
+    ) -> NodeResult:
+        """Run ``node_id`` unless a completed result with its fingerprint exists (or ``refresh``)."""
+        node = self.node(node_id)
+        out = self.path(node_id)
+        fingerprint = self.fingerprints[node_id]
+        if self.is_complete(node_id) and not refresh:
+            done = read_json(out / COMPLETE, what="completion manifest")
+            return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
+        for dep in node.deps:
+            if not self.is_complete(dep):
+                raise FlowpostError(f"node {node_id} needs {dep}, which has not completed; run it first",
+                                    where=str(self.path(dep)))
+        if out.exists() and (node.kind != "train" or refresh or not resume):
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        outputs = self._dispatch(node, out, resume=resume, on_event=on_event)
+        seconds = time.monotonic() - started
+        write_json_atomic(out / COMPLETE, {"node": node_id, "fingerprint": fingerprint, "outputs": outputs,
+                                           "seconds": seconds})
+        return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
+
+    def _dispatch(self, node: Node, out: Path, *, resume: bool, on_event: EventHandler | None) -> dict[str, Any]:
+        p = self.pipeline
+        if node.kind == "acquire":
+            manifest = acquire_dataset(p.datasets[node.key], out, smoke=p.smoke)
+            return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
+        if node.kind == "conditions":
+            datasets = [self.path(f"acquire.{ds}") for ds in p.conditions[node.key].datasets]
+            return cache_conditions(p.conditions[node.key], datasets, out, extra_prompts=node.config["extra_prompts"])
+        if node.kind == "train":
+            stage = p.stages[node.key]
+            data, conds = (stage.data.dataset, stage.data.conditions) if stage.data else (None, None)
+            cond_dir = self.path(f"conditions.{conds}") if conds else None
+            init = stage.model.init
+            spec = stage_spec(
+                p, node.key, out,
+                dataset_dir=self.path(f"acquire.{data}") if data else None,
+                conditions_dir=cond_dir,
+                encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
+                init_from=self._init_weights(init) if init != "scratch" else None,
+                resume=resume,
+            )
+            done = run_training(spec, on_event=on_event)
+            return {"step": done["step"]}
+        if node.kind == "eval":
+            cond_dir = self.path(f"conditions.{p.evaluate.conditions}")
+            return evaluate_stage(
+                p.evaluate, stage=node.key, train_dir=self.path(f"train.{node.key}"),
+                dataset_dir=self.path(f"acquire.{p.evaluate.dataset}"), conditions_dir=cond_dir,
+                encoder_fingerprint=encoder_fingerprint(cond_dir), out_dir=out, seed=p.seed, smoke=p.smoke,
+            )
+        if node.kind == "export":
+            eval_id = f"eval.{node.key}"
+            metrics = read_json(self.path(eval_id) / "metrics.json") if eval_id in self.nodes else None
+            manifest = export_stage(
+                stage=node.key, train_dir=self.path(f"train.{node.key}"), out_dir=out,
+                weights=node.config["weights"], resolved_config=pipeline_to_dict(p),
+                fingerprints=dict(self.fingerprints), metrics=metrics,
+            )
+            return {"path": str(out), "step": manifest["step"], "weights": manifest["weights"]}
+        if node.kind == "report":
+            evals = {name: self.path(f"eval.{name}") for name in p.evaluate.after}
+            export = self.path("export") if "export" in self.nodes else None
+            return write_report(name=p.name, eval_dirs=evals, export_dir=export, out_dirs=[out])
+        raise AssertionError(f"unhandled node kind {node.kind}")
+
+    def publish_report(self) -> Path | None:
+        """Copy the report node's ``metrics.json`` and ``report.md`` to the workspace root."""
+        if not self.is_complete("report"):
+            return None
+        for name in ("metrics.json", "report.md"):
+            shutil.copyfile(self.path("report") / name, self.workspace / name)
+        return self.workspace / "metrics.json"
+
+    def _init_weights(self, stage: str) -> Path:
+        from flowpost.tasks.evaluate import stage_weights
+
+        return stage_weights(self.path(f"train.{stage}"), self.pipeline.evaluate.weights)[0]

@@ -1,0 +1,108 @@
+"""Node ``train.<stage>``: run a training stage as its own process group and follow its events."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.events import read_events
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.errors import FlowpostError
+
+EventHandler = Callable[[dict[str, Any]], None]
+POLL_SECONDS = 0.5
+
+
+def stage_spec(
+    pipeline: PipelineConfig,
+    stage: str,
+    out_dir: Path,
+    *,
+    dataset_dir: Path | None,
+    conditions_dir: Path | None,
+    encoder_fingerprint: str | None,
+    init_from: Path | None,
+    resume: bool = True,
+) -> StageSpec:
+    """The spec every rank of ``stage`` reads."""
+    return StageSpec(
+        stage=stage,
+        seed=pipeline.seed,
+        smoke=pipeline.smoke,
+        config=pipeline.stages[stage].model_dump(mode="json"),
+        output_dir=str(out_dir),
+        dataset_dir=str(dataset_dir) if dataset_dir else None,
+        conditions_dir=str(conditions_dir) if conditions_dir else None,
+        encoder_fingerprint=encoder_fingerprint,
+        init_from=str(init_from) if init_from else None,
+        resume=resume,
+    )
+
+
+def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> dict[str, Any]:
+    """Start ``python -m flowpost.core.launch`` in its own session; relay events until it exits.
+
+    Rank output goes to ``logs/rank-0.log``. A failure raises naming the rank and its last log
+    lines; an interrupt kills the whole process group.
+    """
+    out = Path(spec.output_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    spec_path = out / "stage.json"
+    spec.write(spec_path)
+    events_path = out / "events.jsonl"
+    seen = len(read_events(events_path))
+    log_path = out / "logs" / "rank-0.log"
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}
+    with log_path.open("a") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flowpost.core.launch", str(spec_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+        try:
+            while process.poll() is None:
+                seen = _relay(events_path, seen, on_event)
+                time.sleep(POLL_SECONDS)
+        except BaseException:
+            _kill_group(process)
+            raise
+    _relay(events_path, seen, on_event)
+    if process.returncode != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+        raise FlowpostError(
+            f"stage {spec.stage!r}: rank 0 exited with code {process.returncode}; last log lines:\n{tail}",
+            where=str(log_path),
+        )
+    done = [e for e in read_events(events_path) if e["event"] == "done"]
+    if not done:
+        raise FlowpostError(f"stage {spec.stage!r} exited without a 'done' event", where=str(events_path))
+    return done[-1]
+
+
+def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:
+    events = read_events(path)
+    if on_event is not None:
+        for event in events[seen:]:
+            on_event(event)
+    return len(events)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
