@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+from flowpost.core.sampling.ode import euler_step
+from flowpost.core.sampling.schedules import inference_sigmas, logit_normal_sigmas, shift_sigmas
+
+# -- schedules ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps", [1, 2, 7, 20, 50])
+@pytest.mark.parametrize("shift", [1.0, 0.5, 3.0])
+def test_inference_sigmas_run_from_one_to_exactly_zero(steps: int, shift: float) -> None:
+    sigmas = inference_sigmas(steps, shift=shift)
+    assert sigmas.dtype == torch.float32
+    assert sigmas.shape == (steps + 1,)
+    assert float(sigmas[0]) == 1.0
+    assert float(sigmas[-1]) == 0.0
+    assert bool((sigmas[1:] < sigmas[:-1]).all())
+
+
+def test_unshifted_sigmas_are_linspace() -> None:
+    sigmas = inference_sigmas(10)
+    expected = torch.tensor([1.0 - i / 10 for i in range(11)], dtype=torch.float32)
+    torch.testing.assert_close(sigmas, expected, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("shift", [0.25, 2.0, 3.0, 6.0])
+def test_shifted_sigmas_match_closed_form(shift: float) -> None:
+    steps = 12
+    sigmas = inference_sigmas(steps, shift=shift)
+    for i in range(steps + 1):
+        t = 1.0 - i / steps
+        expected = shift * t / (1.0 + (shift - 1.0) * t)
+        assert float(sigmas[i]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_shift_above_one_moves_sigmas_up() -> None:
+    plain = inference_sigmas(8)
+    shifted = inference_sigmas(8, shift=3.0)
+    assert bool((shifted[1:-1] > plain[1:-1]).all())
+
+
+def test_zero_steps_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        inference_sigmas(0)
+
+
+def test_logit_normal_at_zero_normal_is_shifted_sigmoid_of_mean() -> None:
+    zeros = torch.zeros(3)
+    for mean, shift in [(0.0, 1.0), (0.7, 1.0), (-1.2, 3.0), (0.4, 0.5)]:
+        base = 1.0 / (1.0 + torch.exp(torch.tensor(-mean)))
+        expected = shift * base / (1.0 + (shift - 1.0) * base)
+        out = logit_normal_sigmas(zeros, mean=mean, std=2.0, shift=shift)
+        torch.testing.assert_close(out, expected.expand(3), rtol=0, atol=1e-6)
+
+
+def test_logit_normal_scales_normals_by_std() -> None:
+    normals = torch.tensor([-1.0, 0.5, 2.0])
+    out = logit_normal_sigmas(normals, mean=0.3, std=0.5)
+    torch.testing.assert_close(out, torch.sigmoid(0.3 + 0.5 * normals))
+    # strictly inside (0, 1) and monotone in the normal draw
+    assert bool(((out > 0) & (out < 1)).all())
+    assert bool((out[1:] > out[:-1]).all())
+
+
+def test_shift_sigmas_is_identity_at_one_and_fixes_endpoints() -> None:
+    sigmas = torch.rand(16, dtype=torch.float64)
+    torch.testing.assert_close(shift_sigmas(sigmas, 1.0), sigmas)
+    ends = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(shift_sigmas(ends, 4.0), ends)
+
+
+# -- the Euler step against diffusers -------------------------------------------------------------
+
+
+def _compare_with_diffusers(
+    scheduler: FlowMatchEulerDiscreteScheduler, sigmas: torch.Tensor
+) -> None:
+    torch.testing.assert_close(scheduler.sigmas, sigmas, rtol=0, atol=1e-6)
+    gen = torch.Generator().manual_seed(0)
+    sample = torch.randn(2, 1, 8, 8, generator=gen)
+    theirs = sample.clone()
+    ours = sample.clone()
+    for i, timestep in enumerate(scheduler.timesteps):
+        model_output = torch.randn(2, 1, 8, 8, generator=gen)
+        theirs = scheduler.step(model_output, timestep, theirs).prev_sample
+        ours = euler_step(model_output, ours, sigmas[i], sigmas[i + 1])
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    # the walk really moved the sample
+    assert not torch.allclose(ours, sample)
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_euler_step_matches_diffusers_on_our_sigmas(shift: float) -> None:
+    steps = 6
+    sigmas = inference_sigmas(steps, shift=shift)
+    # shift=1 in the scheduler: it uses our (already shifted) sigmas as given and appends 0
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
+    scheduler.set_timesteps(sigmas=sigmas[:-1].tolist())
+    _compare_with_diffusers(scheduler, sigmas)
+
+
+def test_diffusers_own_shift_agrees_with_ours() -> None:
+    steps = 5
+    shift = 3.0
+    sigmas = inference_sigmas(steps, shift=shift)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    unshifted = torch.linspace(1.0, 0.0, steps + 1)[:-1]
+    scheduler.set_timesteps(sigmas=unshifted.tolist())
+    _compare_with_diffusers(scheduler, sigmas)
+
+
+def test_euler_step_computes_in_fp32_and_keeps_dtype() -> None:
+    sample = torch.randn(4, 3, dtype=torch.float64)
+    velocity = torch.randn(4, 3, dtype=torch.float64)
+    out = euler_step(velocity, sample, 0.8, 0.6)
+    assert out.dtype == torch.float64
+    expected = (sample.float() - 0.2 * velocity.float()).double()
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    half = euler_step(velocity.bfloat16(), sample.bfloat16(), torch.tensor(1.0), torch.tensor(0.0))
+    assert half.dtype == torch.bfloat16
+
+
+def test_euler_integration_of_constant_velocity_reaches_data() -> None:
+    # x_sigma = (1 - sigma) x0 + sigma * noise has velocity noise - x0 for every sigma
+    gen = torch.Generator().manual_seed(1)
+    x0 = torch.randn(3, 5, generator=gen)
+    noise = torch.randn(3, 5, generator=gen)
+    sigmas = inference_sigmas(9, shift=2.5)
+    sample = noise
+    for sigma, sigma_next in zip(sigmas[:-1], sigmas[1:], strict=True):
+        sample = euler_step(noise - x0, sample, sigma, sigma_next)
+    torch.testing.assert_close(sample, x0, rtol=0, atol=1e-5)
