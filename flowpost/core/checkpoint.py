@@ -51,7 +51,9 @@ def save_checkpoint(root: str | Path, state: TrainingState) -> Path:
         torch.save({"optimizer": state.optimizer, "scheduler": state.scheduler}, tmp / "optimizer.pt")
         write_json_atomic(tmp / "state.json", {"step": state.step, "trainer": state.trainer})
         files = sorted(p.name for p in tmp.iterdir())
-        write_json_atomic(tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}})
+        write_json_atomic(
+            tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}}
+        )
     write_json_atomic(root / LATEST, {"step": state.step, "path": final.name})
     return final
 
@@ -65,7 +67,10 @@ def verify_checkpoint(path: Path) -> str | None:
         manifest = read_json(manifest_path, what="checkpoint manifest")
     except FlowpostError as exc:
         return str(exc)
-    for name, digest in manifest["files"].items():
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        return "manifest lists no files"
+    for name, digest in files.items():
         file = path / name
         if not file.exists():
             return f"{name} is missing"

@@ -68,7 +68,9 @@ def run_stage(spec: StageSpec) -> TrainingProgress:
     args = stage.arguments(smoke=spec.smoke)
     trainer_cls = trainer_class(stage.trainer, where=f"stages.{spec.stage}.trainer")  # before any model loads
     adapter = build_adapter(stage, spec)
-    trainer = trainer_cls(spec=spec, args=args, adapter=adapter, callbacks=build_callbacks(stage.callbacks, spec))
+    trainer = trainer_cls(
+        spec=spec, args=args, adapter=adapter, callbacks=build_callbacks(stage.callbacks, spec)
+    )
     return trainer.start()
 
 

@@ -20,12 +20,20 @@ def address_seed(seed: int, stage: str, step: int, index: int, purpose: str = "n
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def addressed_generator(seed: int, stage: str, step: int, index: int, purpose: str = "noise") -> torch.Generator:
+def addressed_generator(
+    seed: int, stage: str, step: int, index: int, purpose: str = "noise"
+) -> torch.Generator:
     return torch.Generator().manual_seed(address_seed(seed, stage, step, index, purpose))
 
 
 def addressed_randn(
-    shape: Sequence[int], *, seed: int, stage: str, step: int, indices: Sequence[int], purpose: str = "noise"
+    shape: Sequence[int],
+    *,
+    seed: int,
+    stage: str,
+    step: int,
+    indices: Sequence[int],
+    purpose: str = "noise",
 ) -> Tensor:
     """Standard normals [len(indices), *shape]; row i depends only on its address."""
     rows = [

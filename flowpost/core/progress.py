@@ -22,7 +22,9 @@ class TrainingProgress:
 
     def after_optimizer_step(self, micro_batches: int) -> TrainingProgress:
         return replace(
-            self, optimizer_step=self.optimizer_step + 1, epoch_cursor=self.epoch_cursor + micro_batches
+            self,
+            optimizer_step=self.optimizer_step + 1,
+            epoch_cursor=self.epoch_cursor + micro_batches,
         )
 
     def after_epoch(self) -> TrainingProgress:

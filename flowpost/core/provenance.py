@@ -7,7 +7,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-LIBRARIES = ("flowpost", "torch", "diffusers", "transformers", "accelerate", "peft", "safetensors", "numpy")
+LIBRARIES = (
+    "flowpost",
+    "torch",
+    "diffusers",
+    "transformers",
+    "accelerate",
+    "peft",
+    "safetensors",
+    "numpy",
+)
 
 
 def git_state(path: str | Path | None = None) -> dict[str, Any]:

@@ -85,9 +85,9 @@ def _rows(prompts: list[str], fingerprint: str, batch: ConditionBatch) -> pa.Tab
             "token_states": pa.FixedSizeListArray.from_arrays(
                 pa.array(states.numpy().reshape(-1)), seq_len * hidden
             ).cast(pa.list_(pa.float32())),
-            "token_mask": pa.FixedSizeListArray.from_arrays(
-                pa.array(mask.numpy().reshape(-1)), seq_len
-            ).cast(pa.list_(pa.int8())),
+            "token_mask": pa.FixedSizeListArray.from_arrays(pa.array(mask.numpy().reshape(-1)), seq_len).cast(
+                pa.list_(pa.int8())
+            ),
             "pooled": pa.FixedSizeListArray.from_arrays(
                 pa.array(pooled.numpy().reshape(-1)), pooled.shape[1]
             ).cast(pa.list_(pa.float32())),
@@ -179,15 +179,11 @@ def _flat(table: pa.Table, name: str, dtype: type) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
-def load_condition_table(
-    cache_dir: Path, encoder_fingerprint: str
-) -> tuple[list[str], ConditionBatch]:
+def load_condition_table(cache_dir: Path, encoder_fingerprint: str) -> tuple[list[str], ConditionBatch]:
     """All prompts cached for ``encoder_fingerprint`` and their conditions, row-aligned."""
     cache_dir = Path(cache_dir)
     if not (cache_dir / TABLE).is_file():
-        raise FlowpostError(
-            "condition cache not found; re-run the conditions node", where=str(cache_dir)
-        )
+        raise FlowpostError("condition cache not found; re-run the conditions node", where=str(cache_dir))
     table = _read_table(cache_dir)
     table = table.filter(pc.equal(table.column("encoder_fingerprint"), encoder_fingerprint))
     if table.num_rows == 0:
@@ -199,9 +195,7 @@ def load_condition_table(
     return table.column("prompt").to_pylist(), _to_batch(table, cache_dir)
 
 
-def load_conditions(
-    cache_dir: Path, prompts: list[str], *, encoder_fingerprint: str
-) -> ConditionBatch:
+def load_conditions(cache_dir: Path, prompts: list[str], *, encoder_fingerprint: str) -> ConditionBatch:
     """Conditions for ``prompts`` in the given order (duplicates allowed); mask is int64."""
     cached, batch = load_condition_table(cache_dir, encoder_fingerprint)
     row = {prompt: i for i, prompt in enumerate(cached)}

@@ -48,9 +48,7 @@ def load_digits_split(
     bunch = load_digits()
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     if image_size != images.shape[-1]:
-        images = F.interpolate(
-            images, size=(image_size, image_size), mode="bilinear", align_corners=False
-        )
+        images = F.interpolate(images, size=(image_size, image_size), mode="bilinear", align_corners=False)
     images_np = images.clamp_(0.0, 1.0).numpy().astype(np.float32)
     labels = bunch.target.astype(np.int64)
     train_x, test_x, train_y, test_y = train_test_split(

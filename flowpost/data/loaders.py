@@ -69,8 +69,7 @@ def _check_layout(global_batch_size: int, rank: int, world_size: int) -> None:
         raise ValueError(f"rank {rank} is out of range for world_size {world_size}")
     if global_batch_size < 1 or global_batch_size % world_size:
         raise ValueError(
-            f"global_batch_size {global_batch_size} must be a positive multiple of "
-            f"world_size {world_size}"
+            f"global_batch_size {global_batch_size} must be a positive multiple of world_size {world_size}"
         )
 
 

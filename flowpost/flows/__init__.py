@@ -1,1 +1,1 @@
-"""flows."""
+"""Prefect flows wrapping the node tasks."""

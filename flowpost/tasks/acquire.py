@@ -17,7 +17,13 @@ from flowpost.core.evaluation.classifier import (
 )
 from flowpost.core.io import write_json_atomic
 from flowpost.core.logging import get_logger
-from flowpost.data.digits import EVAL_TEMPLATES, TRAIN_TEMPLATES, caption, demonstrations, load_digits_split
+from flowpost.data.digits import (
+    EVAL_TEMPLATES,
+    TRAIN_TEMPLATES,
+    caption,
+    demonstrations,
+    load_digits_split,
+)
 from flowpost.data.shards import write_shards
 
 log = get_logger(__name__)
@@ -31,14 +37,18 @@ def acquire_dataset(config: DatasetConfig, out_dir: Path, *, smoke: bool = False
     held-out image with every held-out template (evaluation only).
     """
     split = load_digits_split(
-        image_size=config.image_size, test_fraction=config.test_fraction, split_seed=config.split_seed
+        image_size=config.image_size,
+        test_fraction=config.test_fraction,
+        split_seed=config.split_seed,
     )
     shards = {
         "train": write_shards(
-            demonstrations(split.train_images, split.train_labels, TRAIN_TEMPLATES, prefix="train"), out_dir / "train"
+            demonstrations(split.train_images, split.train_labels, TRAIN_TEMPLATES, prefix="train"),
+            out_dir / "train",
         ),
         "test": write_shards(
-            demonstrations(split.test_images, split.test_labels, EVAL_TEMPLATES, prefix="test"), out_dir / "test"
+            demonstrations(split.test_images, split.test_labels, EVAL_TEMPLATES, prefix="test"),
+            out_dir / "test",
         ),
     }
     for name, manifest in shards.items():
@@ -48,12 +58,19 @@ def acquire_dataset(config: DatasetConfig, out_dir: Path, *, smoke: bool = False
     test_x, test_y = torch.from_numpy(split.test_images), torch.from_numpy(split.test_labels)
     classifiers = {}
     for spec in (REWARD_CLASSIFIER, JUDGE_CLASSIFIER):
-        model = train_classifier(train_x, train_y, width=spec.width, seed=spec.seed, epochs=3 if smoke else 30)
+        model = train_classifier(
+            train_x, train_y, width=spec.width, seed=spec.seed, epochs=3 if smoke else 30
+        )
         held_out = accuracy(model, test_x, test_y)
         if not smoke and held_out < MIN_ACCURACY:
-            raise RuntimeError(f"classifier {spec.name} reached {held_out:.4f} < {MIN_ACCURACY} held-out accuracy")
+            raise RuntimeError(
+                f"classifier {spec.name} reached {held_out:.4f} < {MIN_ACCURACY} held-out accuracy"
+            )
         save_classifier(model, out_dir / "assets", spec.name)
-        classifiers[spec.name] = {"role": "reward" if spec is REWARD_CLASSIFIER else "judge", "accuracy": held_out}
+        classifiers[spec.name] = {
+            "role": "reward" if spec is REWARD_CLASSIFIER else "judge",
+            "accuracy": held_out,
+        }
         log.info("classifier %s: held-out accuracy %.4f", spec.name, held_out)
 
     manifest = {

@@ -20,7 +20,11 @@ def dataset_prompts(dataset_dir: Path) -> list[str]:
 
 
 def cache_conditions(
-    config: ConditionsConfig, dataset_dirs: list[Path], out_dir: Path, *, extra_prompts: list[str] = ()
+    config: ConditionsConfig,
+    dataset_dirs: list[Path],
+    out_dir: Path,
+    *,
+    extra_prompts: list[str] = (),
 ) -> dict[str, Any]:
     """Encode the datasets' prompts, the null prompt and ``extra_prompts``; write ``out_dir``."""
     prompts = [NULL_PROMPT, *extra_prompts]
@@ -30,12 +34,19 @@ def cache_conditions(
     stats = update_condition_cache(
         out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode
     )
-    summary = {"encoder": config.encoder, "encoder_fingerprint": encoder.fingerprint,
-               "hits": stats.hits, "misses": stats.misses, "total": stats.total}
+    summary = {
+        "encoder": config.encoder,
+        "encoder_fingerprint": encoder.fingerprint,
+        "hits": stats.hits,
+        "misses": stats.misses,
+        "total": stats.total,
+    }
     write_json_atomic(out_dir / "encoder.json", summary)
     return summary
 
 
 def encoder_fingerprint(conditions_dir: Path) -> str:
     """The fingerprint of the encoder that filled a condition cache."""
-    return str(read_json(conditions_dir / "encoder.json", what="condition cache summary")["encoder_fingerprint"])
+    return str(
+        read_json(conditions_dir / "encoder.json", what="condition cache summary")["encoder_fingerprint"]
+    )

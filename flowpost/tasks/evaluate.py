@@ -73,8 +73,14 @@ def evaluate_stage(
         reward=load_classifier(assets, REWARD_CLASSIFIER.name),
         real_images=torch.stack(real_images),
     )
-    metrics |= {"weights": weights, "seed": config.seed, "smoke": smoke, "steps": config.steps,
-                "guidance": config.guidance, "stage": stage}
+    metrics |= {
+        "weights": weights,
+        "seed": config.seed,
+        "smoke": smoke,
+        "steps": config.steps,
+        "guidance": config.guidance,
+        "stage": stage,
+    }
     progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
     metrics["step"] = int(progress["optimizer_step"])
     per_digit = [[i for i in range(len(labels)) if int(labels[i]) == d][:GRID_COLUMNS] for d in range(10)]

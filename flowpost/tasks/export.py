@@ -60,15 +60,17 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"A `{model['family']}` flow-matching transformer ({manifest['weights']} weights after "
         f"{manifest['step']} optimizer steps), trained with flowpost.",
         "",
-        f"- Transformer: `transformer/` (diffusers `SD3Transformer2DModel.from_pretrained`)",
+        "- Transformer: `transformer/` (diffusers `SD3Transformer2DModel.from_pretrained`)",
         f"- Text encoder: {manifest['encoder']['name']} (package `{manifest['encoder']['package']}`)",
         f"- Output codec: {model['output_codec']}",
         f"- Schedule: flow matching, shift {model['schedule']['shift']}, velocity = noise - x0",
-        f"- Sample: `flowpost sample {{this folder}} --prompt \"a handwritten digit seven\" -n 16 --out grid.png`",
+        '- Sample: `flowpost sample {this folder} --prompt "a handwritten digit seven" -n 16 --out grid.png`',
     ]
     if metrics:
         lines += ["", "## Evaluation", "", "| metric | value |", "| --- | --- |"]
-        lines += [f"| {k} | {metrics[k]} |" for k in ("adherence", "reward_mean", "fd", "n_samples") if k in metrics]
+        lines += [
+            f"| {k} | {metrics[k]} |" for k in ("adherence", "reward_mean", "fd", "n_samples") if k in metrics
+        ]
     git = manifest["provenance"]["git"]
     lines += ["", f"Built from commit `{git['commit']}` (dirty: {git['dirty']}).", ""]
     return "\n".join(lines)

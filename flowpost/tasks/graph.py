@@ -30,12 +30,26 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     nodes: list[Node] = []
     common = {"seed": p.seed, "smoke": p.smoke}
     for name, dataset in p.datasets.items():
-        nodes.append(Node(f"acquire.{name}", "acquire", name, (), {**common, **dataset.model_dump(mode="json")}))
+        nodes.append(
+            Node(
+                f"acquire.{name}",
+                "acquire",
+                name,
+                (),
+                {**common, **dataset.model_dump(mode="json")},
+            )
+        )
     for name, cond in p.conditions.items():
-        extra = sorted({prompt for stage in p.stages.values()
-                        if stage.data is not None and stage.data.conditions == name
-                        and stage.callbacks.validation is not None
-                        for prompt in stage.callbacks.validation.prompts})
+        extra = sorted(
+            {
+                prompt
+                for stage in p.stages.values()
+                if stage.data is not None
+                and stage.data.conditions == name
+                and stage.callbacks.validation is not None
+                for prompt in stage.callbacks.validation.prompts
+            }
+        )
         nodes.append(
             Node(
                 f"conditions.{name}",
@@ -51,15 +65,46 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
             deps += [f"acquire.{stage.data.dataset}", f"conditions.{stage.data.conditions}"]
         if stage.model.init != "scratch":
             deps.append(f"train.{stage.model.init}")
-        nodes.append(Node(f"train.{name}", "train", name, tuple(deps), {**common, **stage.model_dump(mode="json")}))
+        nodes.append(
+            Node(
+                f"train.{name}",
+                "train",
+                name,
+                tuple(deps),
+                {**common, **stage.model_dump(mode="json")},
+            )
+        )
     for name in p.evaluate.after:
-        deps = [f"train.{name}", f"acquire.{p.evaluate.dataset}", f"conditions.{p.evaluate.conditions}"]
-        nodes.append(Node(f"eval.{name}", "eval", name, tuple(deps), {**common, **p.evaluate.model_dump(mode="json")}))
+        deps = [
+            f"train.{name}",
+            f"acquire.{p.evaluate.dataset}",
+            f"conditions.{p.evaluate.conditions}",
+        ]
+        nodes.append(
+            Node(
+                f"eval.{name}",
+                "eval",
+                name,
+                tuple(deps),
+                {**common, **p.evaluate.model_dump(mode="json")},
+            )
+        )
     if p.export is not None:
         source = p.export.from_stage
         deps = [f"train.{source}"] + ([f"eval.{source}"] if source in p.evaluate.after else [])
-        nodes.append(Node("export", "export", source, tuple(deps), {**common, **p.export.model_dump(mode="json", by_alias=True),
-                                                                      "weights": p.evaluate.weights}))
+        nodes.append(
+            Node(
+                "export",
+                "export",
+                source,
+                tuple(deps),
+                {
+                    **common,
+                    **p.export.model_dump(mode="json", by_alias=True),
+                    "weights": p.evaluate.weights,
+                },
+            )
+        )
     report_deps = tuple(f"eval.{name}" for name in p.evaluate.after) + (("export",) if p.export else ())
     nodes.append(Node("report", "report", "report", report_deps, {**common, "name": p.name}))
     return nodes
@@ -87,6 +132,11 @@ def fingerprints(nodes: list[Node], *, code: str | None = None) -> dict[str, str
     result: dict[str, str] = {}
     for node in nodes:
         result[node.id] = sha256_json(
-            {"kind": node.kind, "config": node.config, "deps": {d: result[d] for d in node.deps}, "code": code}
+            {
+                "kind": node.kind,
+                "config": node.config,
+                "deps": {d: result[d] for d in node.deps},
+                "code": code,
+            }
         )
     return result

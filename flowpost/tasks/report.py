@@ -20,8 +20,12 @@ def write_report(
         result = read_json(directory / "metrics.json", what=f"evaluation of stage {stage}")
         metrics[stage] = {key: result[key] for key in REPORTED}
         grids[stage] = str(directory / "grid.png")
-    lines = [f"# {name}", "", "| stage | adherence | reward_mean | fd | samples | step | weights | smoke |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# {name}",
+        "",
+        "| stage | adherence | reward_mean | fd | samples | step | weights | smoke |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for stage, m in metrics.items():
         lines.append(
             f"| {stage} | {m['adherence']:.3f} | {m['reward_mean']:.3f} | {m['fd']:.2f} | {m['n_samples']} "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import read_json, write_json_atomic
+from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
 from flowpost.tasks.evaluate import evaluate_stage
@@ -24,7 +24,6 @@ from flowpost.tasks.export import export_stage
 from flowpost.tasks.graph import Node, build_nodes, fingerprints
 from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
-from flowpost.errors import FlowpostError
 
 COMPLETE = "_complete.json"
 
@@ -60,7 +59,12 @@ class PipelineRun:
         return (self.path(node_id) / COMPLETE).exists()
 
     def execute(
-        self, node_id: str, *, refresh: bool = False, resume: bool = True, on_event: EventHandler | None = None
+        self,
+        node_id: str,
+        *,
+        refresh: bool = False,
+        resume: bool = True,
+        on_event: EventHandler | None = None,
     ) -> NodeResult:
         """Run ``node_id`` unless a completed result with its fingerprint exists (or ``refresh``)."""
         node = self.node(node_id)
@@ -71,33 +75,43 @@ class PipelineRun:
             return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
         for dep in node.deps:
             if not self.is_complete(dep):
-                raise FlowpostError(f"node {node_id} needs {dep}, which has not completed; run it first",
-                                    where=str(self.path(dep)))
+                raise FlowpostError(
+                    f"node {node_id} needs {dep}, which has not completed; run it first",
+                    where=str(self.path(dep)),
+                )
         if out.exists() and (node.kind != "train" or refresh or not resume):
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         outputs = self._dispatch(node, out, resume=resume, on_event=on_event)
         seconds = time.monotonic() - started
-        write_json_atomic(out / COMPLETE, {"node": node_id, "fingerprint": fingerprint, "outputs": outputs,
-                                           "seconds": seconds})
+        write_json_atomic(
+            out / COMPLETE,
+            {"node": node_id, "fingerprint": fingerprint, "outputs": outputs, "seconds": seconds},
+        )
         return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
 
-    def _dispatch(self, node: Node, out: Path, *, resume: bool, on_event: EventHandler | None) -> dict[str, Any]:
+    def _dispatch(
+        self, node: Node, out: Path, *, resume: bool, on_event: EventHandler | None
+    ) -> dict[str, Any]:
         p = self.pipeline
         if node.kind == "acquire":
             manifest = acquire_dataset(p.datasets[node.key], out, smoke=p.smoke)
             return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
         if node.kind == "conditions":
             datasets = [self.path(f"acquire.{ds}") for ds in p.conditions[node.key].datasets]
-            return cache_conditions(p.conditions[node.key], datasets, out, extra_prompts=node.config["extra_prompts"])
+            return cache_conditions(
+                p.conditions[node.key], datasets, out, extra_prompts=node.config["extra_prompts"]
+            )
         if node.kind == "train":
             stage = p.stages[node.key]
             data, conds = (stage.data.dataset, stage.data.conditions) if stage.data else (None, None)
             cond_dir = self.path(f"conditions.{conds}") if conds else None
             init = stage.model.init
             spec = stage_spec(
-                p, node.key, out,
+                p,
+                node.key,
+                out,
                 dataset_dir=self.path(f"acquire.{data}") if data else None,
                 conditions_dir=cond_dir,
                 encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
@@ -109,17 +123,27 @@ class PipelineRun:
         if node.kind == "eval":
             cond_dir = self.path(f"conditions.{p.evaluate.conditions}")
             return evaluate_stage(
-                p.evaluate, stage=node.key, train_dir=self.path(f"train.{node.key}"),
-                dataset_dir=self.path(f"acquire.{p.evaluate.dataset}"), conditions_dir=cond_dir,
-                encoder_fingerprint=encoder_fingerprint(cond_dir), out_dir=out, seed=p.seed, smoke=p.smoke,
+                p.evaluate,
+                stage=node.key,
+                train_dir=self.path(f"train.{node.key}"),
+                dataset_dir=self.path(f"acquire.{p.evaluate.dataset}"),
+                conditions_dir=cond_dir,
+                encoder_fingerprint=encoder_fingerprint(cond_dir),
+                out_dir=out,
+                seed=p.seed,
+                smoke=p.smoke,
             )
         if node.kind == "export":
             eval_id = f"eval.{node.key}"
             metrics = read_json(self.path(eval_id) / "metrics.json") if eval_id in self.nodes else None
             manifest = export_stage(
-                stage=node.key, train_dir=self.path(f"train.{node.key}"), out_dir=out,
-                weights=node.config["weights"], resolved_config=pipeline_to_dict(p),
-                fingerprints=dict(self.fingerprints), metrics=metrics,
+                stage=node.key,
+                train_dir=self.path(f"train.{node.key}"),
+                out_dir=out,
+                weights=node.config["weights"],
+                resolved_config=pipeline_to_dict(p),
+                fingerprints=dict(self.fingerprints),
+                metrics=metrics,
             )
             return {"path": str(out), "step": manifest["step"], "weights": manifest["weights"]}
         if node.kind == "report":

@@ -59,7 +59,10 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
     events_path = out / "events.jsonl"
     seen = len(read_events(events_path))
     log_path = out / "logs" / "rank-0.log"
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+    }
     with log_path.open("a") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "flowpost.core.launch", str(spec_path)],

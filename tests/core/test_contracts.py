@@ -29,12 +29,8 @@ from flowpost.errors import FlowpostError
 
 
 def test_named_contracts_pair_acquisition_and_feedback() -> None:
-    assert ONLINE_EXECUTION_CONTRACT == ExecutionContract(
-        Acquisition.GENERATION, Feedback.RUNTIME_REWARD
-    )
-    assert ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT == ExecutionContract(
-        Acquisition.GENERATION, Feedback.NONE
-    )
+    assert ONLINE_EXECUTION_CONTRACT == ExecutionContract(Acquisition.GENERATION, Feedback.RUNTIME_REWARD)
+    assert ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT == ExecutionContract(Acquisition.GENERATION, Feedback.NONE)
     assert OFFLINE_EXECUTION_CONTRACT == ExecutionContract(Acquisition.DATASET, Feedback.NONE)
     assert str(OFFLINE_EXECUTION_CONTRACT) == "dataset+none"
     assert str(ONLINE_EXECUTION_CONTRACT) == "generation+runtime_reward"
@@ -55,10 +51,7 @@ def test_required_hooks_per_contract(contract: ExecutionContract, hooks: tuple[s
 def test_contract_is_frozen_and_hashable() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         OFFLINE_EXECUTION_CONTRACT.acquisition = Acquisition.GENERATION  # type: ignore[misc]
-    assert (
-        len({OFFLINE_EXECUTION_CONTRACT, ExecutionContract(Acquisition.DATASET, Feedback.NONE)})
-        == 1
-    )
+    assert len({OFFLINE_EXECUTION_CONTRACT, ExecutionContract(Acquisition.DATASET, Feedback.NONE)}) == 1
 
 
 # -- BaseTrainer.__init_subclass__ ----------------------------------------------------------------
@@ -72,9 +65,7 @@ def test_dataset_trainer_without_optimize_batch_is_rejected_at_definition() -> N
             paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
 
-@pytest.mark.parametrize(
-    "contract", [ONLINE_EXECUTION_CONTRACT, ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT]
-)
+@pytest.mark.parametrize("contract", [ONLINE_EXECUTION_CONTRACT, ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT])
 def test_generation_trainer_missing_sample_is_rejected(contract: ExecutionContract) -> None:
     with pytest.raises(TypeError, match="sample"):
 
@@ -205,11 +196,7 @@ def test_trainer_and_arguments_class_for_sft() -> None:
 
     assert trainer_class("sft") is SFTTrainer
     assert arguments_class("sft") is SFTArguments
-    assert (
-        SFTTrainer.execution_contract
-        == SFTArguments.execution_contract
-        == OFFLINE_EXECUTION_CONTRACT
-    )
+    assert SFTTrainer.execution_contract == SFTArguments.execution_contract == OFFLINE_EXECUTION_CONTRACT
 
 
 @pytest.mark.parametrize("lookup", [trainer_class, arguments_class])
@@ -242,21 +229,13 @@ def test_progress_is_frozen() -> None:
 def test_progress_helpers_advance_counters() -> None:
     start = TrainingProgress(optimizer_step=4, rollout_iteration=2, data_epoch=1, epoch_cursor=6)
     stepped = start.after_optimizer_step(3)
-    assert stepped == TrainingProgress(
-        optimizer_step=5, rollout_iteration=2, data_epoch=1, epoch_cursor=9
-    )
+    assert stepped == TrainingProgress(optimizer_step=5, rollout_iteration=2, data_epoch=1, epoch_cursor=9)
     epoch = stepped.after_epoch()
-    assert epoch == TrainingProgress(
-        optimizer_step=5, rollout_iteration=2, data_epoch=2, epoch_cursor=0
-    )
+    assert epoch == TrainingProgress(optimizer_step=5, rollout_iteration=2, data_epoch=2, epoch_cursor=0)
     rollout = epoch.after_rollout()
-    assert rollout == TrainingProgress(
-        optimizer_step=5, rollout_iteration=3, data_epoch=2, epoch_cursor=0
-    )
+    assert rollout == TrainingProgress(optimizer_step=5, rollout_iteration=3, data_epoch=2, epoch_cursor=0)
     # the originals are untouched
-    assert start == TrainingProgress(
-        optimizer_step=4, rollout_iteration=2, data_epoch=1, epoch_cursor=6
-    )
+    assert start == TrainingProgress(optimizer_step=4, rollout_iteration=2, data_epoch=1, epoch_cursor=6)
 
 
 def test_progress_dict_round_trip() -> None:

@@ -76,9 +76,7 @@ def test_shift_sigmas_is_identity_at_one_and_fixes_endpoints() -> None:
 # -- the Euler step against diffusers -------------------------------------------------------------
 
 
-def _compare_with_diffusers(
-    scheduler: FlowMatchEulerDiscreteScheduler, sigmas: torch.Tensor
-) -> None:
+def _compare_with_diffusers(scheduler: FlowMatchEulerDiscreteScheduler, sigmas: torch.Tensor) -> None:
     torch.testing.assert_close(scheduler.sigmas, sigmas, rtol=0, atol=1e-6)
     gen = torch.Generator().manual_seed(0)
     sample = torch.randn(2, 1, 8, 8, generator=gen)

@@ -49,9 +49,7 @@ PROMPTS = ["a", "b", "a", "c", "d", "b", "e"]
 
 def test_first_call_misses_then_pure_hit(tmp_path: Path) -> None:
     enc = CountingEncoder()
-    stats = update_condition_cache(
-        tmp_path, PROMPTS, encoder_fingerprint="f1", encode=enc, batch_size=2
-    )
+    stats = update_condition_cache(tmp_path, PROMPTS, encoder_fingerprint="f1", encode=enc, batch_size=2)
     assert (stats.hits, stats.misses, stats.total) == (0, 5, 5)
     assert enc.seen == ["a", "b", "c", "d", "e"] and enc.calls == 3
 

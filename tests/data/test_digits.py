@@ -43,9 +43,7 @@ def test_templates_are_disjoint_and_captions_differ() -> None:
 
 def test_demonstrations_one_per_image_and_template() -> None:
     split = load_digits_split(image_size=8)
-    records = demonstrations(
-        split.test_images[:3], split.test_labels[:3], TRAIN_TEMPLATES, prefix="test"
-    )
+    records = demonstrations(split.test_images[:3], split.test_labels[:3], TRAIN_TEMPLATES, prefix="test")
     assert len(records) == 3 * len(TRAIN_TEMPLATES)
     first = records[1]
     assert first.key == "test-00000-t1"

@@ -15,9 +15,7 @@ from flowpost.errors import FlowpostError
 @pytest.fixture(scope="module")
 def records() -> list[Demonstration]:
     split = load_digits_split(image_size=16)
-    return demonstrations(
-        split.train_images[:25], split.train_labels[:25], TRAIN_TEMPLATES, prefix="train"
-    )
+    return demonstrations(split.train_images[:25], split.train_labels[:25], TRAIN_TEMPLATES, prefix="train")
 
 
 def test_round_trip_is_bit_identical(records: list[Demonstration], tmp_path: Path) -> None:
@@ -47,9 +45,7 @@ def test_shards_are_reproducible(records: list[Demonstration], tmp_path: Path) -
     assert a == b
 
 
-def test_corrupted_or_missing_shard_is_reported(
-    records: list[Demonstration], tmp_path: Path
-) -> None:
+def test_corrupted_or_missing_shard_is_reported(records: list[Demonstration], tmp_path: Path) -> None:
     manifest = write_shards(records[:20], tmp_path, shard_size=10)
     second = tmp_path / manifest["shards"][1]["file"]
     data = bytearray(second.read_bytes())

@@ -70,9 +70,14 @@ def build_tracker(kind: str, log_dir: Path, *, name: str) -> Tracker:
         return DVCLiveTracker(log_dir / "dvclive")
     if kind == "wandb":
         if importlib.util.find_spec("wandb") is None:
-            raise FlowpostError("tracker 'wandb' needs the wandb package; pip install wandb", where="callbacks.trackers")
+            raise FlowpostError(
+                "tracker 'wandb' needs the wandb package; pip install wandb",
+                where="callbacks.trackers",
+            )
         return WandbTracker(log_dir / "wandb", name=name)
-    raise FlowpostError(f"unknown tracker {kind!r}; use tensorboard, dvclive or wandb", where="callbacks.trackers")
+    raise FlowpostError(
+        f"unknown tracker {kind!r}; use tensorboard, dvclive or wandb", where="callbacks.trackers"
+    )
 
 
 class TrackingCallback(Callback):

@@ -56,14 +56,23 @@ class ValidationCallback(Callback):
         state = adapter.prepare_condition_state(self.conditions.index(rows))
         negative = adapter.prepare_condition_state(self.negative.index([0] * len(rows)))
         noise = addressed_randn(
-            adapter.latent_shape, seed=trainer.spec.seed, stage=f"{trainer.stage}/validation", step=0,
+            adapter.latent_shape,
+            seed=trainer.spec.seed,
+            stage=f"{trainer.stage}/validation",
+            step=0,
             indices=range(len(rows)),
         )
         model = adapter.module()
         was_training = model.training
         model.eval()
-        latents = sample_ode(adapter, noise, state, inference_sigmas(self.steps, shift=adapter.shift),
-                             guidance=self.guidance, negative=negative)
+        latents = sample_ode(
+            adapter,
+            noise,
+            state,
+            inference_sigmas(self.steps, shift=adapter.shift),
+            guidance=self.guidance,
+            negative=negative,
+        )
         model.train(was_training)
         path = self.out_dir / f"step-{step:06d}.png"
         save_grid(adapter.decode(latents), path, nrow=self.samples_per_prompt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,21 @@ from flowpost.core.config.schema import PipelineConfig
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads YAML 1.2 floats such as ``1e-4`` as numbers."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _parse(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def default_pipeline_path() -> Path:
@@ -29,7 +45,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise FlowpostError("pipeline file not found; check the path", where=str(path)) from None
     try:
-        data = yaml.safe_load(text)
+        data = _parse(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -46,7 +62,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise FlowpostError(f"override {text!r} must look like dotted.path=value", where="--set")
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = _parse(raw) if raw else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -79,7 +95,7 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         raise FlowpostError(_format_errors(exc, prefix=""), where=source) from None
     for name, stage in pipeline.stages.items():
         try:
-            stage.arguments()
+            stage.train = stage.arguments(where=f"stages.{name}.trainer").model_dump(mode="json")
         except ValidationError as exc:
             raise FlowpostError(_format_errors(exc, prefix=f"stages.{name}.train."), where=source) from None
         except FlowpostError as exc:

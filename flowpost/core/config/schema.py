@@ -95,9 +95,9 @@ class StageConfig(StrictModel):
             raise ValueError(f"trainer names are lowercase; use {value.lower()!r}")
         return value
 
-    def arguments(self, *, smoke: bool = False) -> TrainerArguments:
+    def arguments(self, *, smoke: bool = False, where: str = "trainer") -> TrainerArguments:
         """The validated ``train:`` section as the trainer's arguments class."""
-        args = arguments_class(self.trainer).model_validate(self.train)
+        args = arguments_class(self.trainer, where=where).model_validate(self.train)
         return args.smoke() if smoke else args
 
 
@@ -105,7 +105,9 @@ class EvaluateConfig(StrictModel):
     """Evaluation of stage checkpoints on held-out prompt templates."""
 
     after: list[str] = Field(default_factory=list)
-    dataset: str | None = Field(None, description="held-out prompts, real images, judge; default: first dataset")
+    dataset: str | None = Field(
+        None, description="held-out prompts, real images, judge; default: first dataset"
+    )
     conditions: str | None = Field(None, description="condition cache of the prompts; default: first one")
     samples: int = Field(500, ge=1)
     steps: int = Field(20, ge=1)
@@ -144,7 +146,10 @@ class PipelineConfig(StrictModel):
             if stage.data is not None:
                 if stage.data.dataset not in self.datasets:
                     errors.append(
-                        (f"stages.{name}.data.dataset", _unknown("dataset", stage.data.dataset, self.datasets))
+                        (
+                            f"stages.{name}.data.dataset",
+                            _unknown("dataset", stage.data.dataset, self.datasets),
+                        )
                     )
                 if stage.data.conditions not in self.conditions:
                     errors.append(
@@ -155,7 +160,12 @@ class PipelineConfig(StrictModel):
                     )
             init = stage.model.init
             if init != "scratch" and init not in earlier:
-                errors.append((f"stages.{name}.model.init", _unknown("earlier stage", init, ["scratch", *earlier])))
+                errors.append(
+                    (
+                        f"stages.{name}.model.init",
+                        _unknown("earlier stage", init, ["scratch", *earlier]),
+                    )
+                )
             earlier.append(name)
         for i, stage_name in enumerate(self.evaluate.after):
             if stage_name not in self.stages:
@@ -167,11 +177,16 @@ class PipelineConfig(StrictModel):
         if self.evaluate.dataset not in self.datasets:
             errors.append(("evaluate.dataset", _unknown("dataset", self.evaluate.dataset, self.datasets)))
         if self.evaluate.after and self.evaluate.conditions not in self.conditions:
-            errors.append(("evaluate.conditions", _unknown("conditions", str(self.evaluate.conditions), self.conditions)))
+            errors.append(
+                (
+                    "evaluate.conditions",
+                    _unknown("conditions", str(self.evaluate.conditions), self.conditions),
+                )
+            )
         if self.export is not None and self.export.from_stage not in self.stages:
             errors.append(("export.from", _unknown("stage", self.export.from_stage, self.stages)))
         if errors:
-            raise ValueError("; ".join(f"[{path}] {msg}" for path, msg in errors))
+            raise ValueError("\n  ".join(f"{path}: {msg}" for path, msg in errors))
         return self
 
 

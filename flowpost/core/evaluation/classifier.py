@@ -127,9 +127,7 @@ def save_classifier(model: DigitClassifier, directory: Path, name: str) -> None:
     weights = directory / f"{name}.safetensors"
     state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
     write_bytes_atomic(weights, safetensors.torch.save(state))
-    write_json_atomic(
-        directory / f"{name}.json", {**model.config(), "sha256": sha256_file(weights)}
-    )
+    write_json_atomic(directory / f"{name}.json", {**model.config(), "sha256": sha256_file(weights)})
 
 
 def load_classifier(directory: Path, name: str) -> DigitClassifier:

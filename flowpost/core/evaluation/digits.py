@@ -11,6 +11,7 @@ from flowpost.core.evaluation.classifier import DigitClassifier
 from flowpost.core.evaluation.frechet import frechet_distance
 from flowpost.core.models.base import ConditionBatch, ModelAdapter
 from flowpost.core.noise import addressed_randn
+from flowpost.core.rewards.digit_adherence import label_probability
 from flowpost.core.sampling.ode import sample_ode
 from flowpost.core.sampling.schedules import inference_sigmas
 
@@ -32,7 +33,9 @@ class EvalPlan:
 
 
 @torch.no_grad()
-def generate(adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, negative: ConditionBatch) -> Tensor:
+def generate(
+    adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, negative: ConditionBatch
+) -> Tensor:
     """Decoded samples [samples, C, H, W] in [0, 1]; ``conditions`` rows align with ``plan.prompts``."""
     model = adapter.module()
     model.eval()
@@ -43,7 +46,11 @@ def generate(adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, 
         indices = list(range(start, min(start + plan.batch_size, plan.samples)))
         noise = addressed_randn(adapter.latent_shape, seed=plan.seed, stage="eval", step=0, indices=indices)
         state = adapter.prepare_condition_state(conditions.index([rows[i] for i in indices]))
-        neg = adapter.prepare_condition_state(negative.index([0] * len(indices))) if plan.guidance != 1.0 else None
+        neg = (
+            adapter.prepare_condition_state(negative.index([0] * len(indices)))
+            if plan.guidance != 1.0
+            else None
+        )
         latents = sample_ode(adapter, noise, state, sigmas, guidance=plan.guidance, negative=neg)
         outputs.append(adapter.decode(latents))
     return torch.cat(outputs)
@@ -51,14 +58,18 @@ def generate(adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, 
 
 @torch.no_grad()
 def digit_metrics(
-    images: Tensor, labels: Tensor, *, judge: DigitClassifier, reward: DigitClassifier, real_images: Tensor
+    images: Tensor,
+    labels: Tensor,
+    *,
+    judge: DigitClassifier,
+    reward: DigitClassifier,
+    real_images: Tensor,
 ) -> dict[str, float]:
     """``adherence`` (judge argmax = label), ``reward_mean`` (reward P(label)), ``fd`` (judge features)."""
     judge_logits = judge(images)
-    reward_probs = reward(images).softmax(-1)
     return {
         "adherence": float((judge_logits.argmax(-1) == labels).float().mean()),
-        "reward_mean": float(reward_probs.gather(1, labels.view(-1, 1)).mean()),
+        "reward_mean": float(label_probability(reward, images, labels).mean()),
         "fd": frechet_distance(judge.features(images), judge.features(real_images)),
         "n_samples": int(images.shape[0]),
     }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -136,7 +135,9 @@ class ModelAdapter(ABC):
             raise ValueError("guidance != 1 needs the negative (null-prompt) condition state")
         both = type(state).cat([state, negative])  # type: ignore[attr-defined]
         sigma_t = torch.as_tensor(sigma, dtype=latents.dtype).expand(latents.shape[0])
-        v_pos, v_neg = self.velocity(torch.cat([latents, latents]), torch.cat([sigma_t, sigma_t]), both).chunk(2)
+        v_pos, v_neg = self.velocity(
+            torch.cat([latents, latents]), torch.cat([sigma_t, sigma_t]), both
+        ).chunk(2)
         return v_neg + guidance * (v_pos - v_neg)
 
     @abstractmethod

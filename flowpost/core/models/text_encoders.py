@@ -56,7 +56,11 @@ class MiniLMEncoder:
     def encode(self, prompts: list[str]) -> ConditionBatch:
         tokenizer, model = self._modules
         tokens = tokenizer(  # type: ignore[operator]
-            prompts, padding="max_length", truncation=True, max_length=self.max_length, return_tensors="pt"
+            prompts,
+            padding="max_length",
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
         )
         states = model(**tokens).last_hidden_state.float()
         mask = tokens["attention_mask"]
@@ -68,5 +72,7 @@ class MiniLMEncoder:
 def build_encoder(name: str, *, max_length: int) -> MiniLMEncoder:
     """The encoder registered under ``name``."""
     if name != "minilm":
-        raise FlowpostError(f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}", where="conditions.*.encoder")
+        raise FlowpostError(
+            f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}", where="conditions.*.encoder"
+        )
     return MiniLMEncoder(max_length=max_length)

@@ -63,7 +63,9 @@ class TinySD3Adapter(ModelAdapter):
         self.snapshots = Snapshots()
 
     @classmethod
-    def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict[str, Any] | None = None) -> TinySD3Adapter:
+    def from_scratch(
+        cls, *, seed: int, shift: float = 1.0, overrides: dict[str, Any] | None = None
+    ) -> TinySD3Adapter:
         from diffusers import SD3Transformer2DModel
 
         config = {**TRANSFORMER_DEFAULTS, **(overrides or {})}
@@ -91,7 +93,11 @@ class TinySD3Adapter(ModelAdapter):
             "family": self.family,
             "encoder": self.encoder_name,
             "output_codec": "identity (pixels in [-1, 1])",
-            "schedule": {"kind": "flow-matching", "shift": self.shift, "prediction": "velocity (noise - x0)"},
+            "schedule": {
+                "kind": "flow-matching",
+                "shift": self.shift,
+                "prediction": "velocity (noise - x0)",
+            },
             "latent_shape": list(self.latent_shape),
         }
 

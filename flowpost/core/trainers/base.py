@@ -12,7 +12,12 @@ import numpy as np
 import torch
 
 from flowpost.core.callbacks.base import Callback, CallbackList
-from flowpost.core.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from flowpost.core.checkpoint import (
+    TrainingState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
 from flowpost.core.events import EventLog
 from flowpost.core.io import atomic_directory, write_json_atomic
@@ -75,7 +80,9 @@ class BaseTrainer(ABC):
         self.callbacks = CallbackList(callbacks or [])
         self.progress = TrainingProgress()
         self.events = EventLog(
-            self.output_dir / "events.jsonl", stage=self.stage, enabled=self.accelerator.is_main_process
+            self.output_dir / "events.jsonl",
+            stage=self.stage,
+            enabled=self.accelerator.is_main_process,
         )
         self._micro_index = 0
         self.setup()
@@ -121,7 +128,10 @@ class BaseTrainer(ABC):
         resumed = self._resume() if self.spec.resume else None
         self.callbacks.on_train_start(self)
         self.events.emit(
-            "start", step=self.progress.optimizer_step, max_steps=self.args.max_steps, resumed_from=resumed
+            "start",
+            step=self.progress.optimizer_step,
+            max_steps=self.args.max_steps,
+            resumed_from=resumed,
         )
         loops = {Acquisition.DATASET: self._run_dataset_epochs}
         loop = loops.get(self.execution_contract.acquisition)
@@ -243,7 +253,10 @@ class BaseTrainer(ABC):
         with atomic_directory(self.output_dir / "final" / "live") as tmp:
             self.adapter.save_pretrained(tmp)
         for name in self.adapter.snapshots.names():
-            with self.adapter.use_snapshot(name), atomic_directory(self.output_dir / "final" / name) as tmp:
+            with (
+                self.adapter.use_snapshot(name),
+                atomic_directory(self.output_dir / "final" / name) as tmp,
+            ):
                 self.adapter.save_pretrained(tmp)
         write_json_atomic(self.output_dir / "final" / "progress.json", self.progress.to_dict())
 

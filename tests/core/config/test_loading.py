@@ -158,9 +158,7 @@ def test_out_of_range_value_names_dotted_path() -> None:
         ("conditions.minilm.datasets=[nope]", "conditions.minilm.datasets.0", ["digits"]),
     ],
 )
-def test_bad_reference_names_path_and_allowed_values(
-    override: str, path: str, allowed: list[str]
-) -> None:
+def test_bad_reference_names_path_and_allowed_values(override: str, path: str, allowed: list[str]) -> None:
     message = _error([override])
     assert f"{path}:" in message
     assert "'nope'" in message

@@ -87,9 +87,7 @@ def test_training_is_deterministic_and_keeps_global_rng(digits: Split) -> None:
     assert not torch.equal(first_state["head.weight"], other.state_dict()["head.weight"])
 
 
-def test_save_load_round_trip(
-    tmp_path: Path, trained: dict[str, DigitClassifier], digits: Split
-) -> None:
+def test_save_load_round_trip(tmp_path: Path, trained: dict[str, DigitClassifier], digits: Split) -> None:
     model = trained[JUDGE_CLASSIFIER.name]
     save_classifier(model, tmp_path, JUDGE_CLASSIFIER.name)
     assert (tmp_path / "digits-judge.safetensors").is_file()

@@ -31,9 +31,7 @@ def test_statistics_shapes_and_values() -> None:
 def test_identical_sets_are_zero() -> None:
     features = gaussian(200, np.zeros(8), np.ones(8), seed=0)
     assert frechet_distance(features, features) == pytest.approx(0.0, abs=1e-6)
-    assert frechet_distance(torch.from_numpy(features).float(), features) == pytest.approx(
-        0.0, abs=1e-4
-    )
+    assert frechet_distance(torch.from_numpy(features).float(), features) == pytest.approx(0.0, abs=1e-4)
 
 
 def test_matches_closed_form_on_explicit_statistics() -> None:
@@ -46,9 +44,7 @@ def test_matches_closed_form_on_explicit_statistics() -> None:
 def test_matches_closed_form_on_samples() -> None:
     mu_a, std_a = np.zeros(4), np.array([1.0, 0.5, 2.0, 1.0])
     mu_b, std_b = np.full(4, 0.5), np.array([1.5, 0.5, 1.0, 1.0])
-    value = frechet_distance(
-        gaussian(40_000, mu_a, std_a, seed=1), gaussian(40_000, mu_b, std_b, seed=2)
-    )
+    value = frechet_distance(gaussian(40_000, mu_a, std_a, seed=1), gaussian(40_000, mu_b, std_b, seed=2))
     assert value == pytest.approx(closed_form(mu_a, std_a, mu_b, std_b), rel=0.03)
 
 

@@ -39,9 +39,7 @@ def _conditions(seed: int, batch: int = BATCH) -> ConditionBatch:
     )
 
 
-def _inputs(
-    adapter: TinySD3Adapter, seed: int = 1
-) -> tuple[torch.Tensor, torch.Tensor, TinySD3State]:
+def _inputs(adapter: TinySD3Adapter, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, TinySD3State]:
     gen = torch.Generator().manual_seed(seed)
     latents = torch.randn(BATCH, *adapter.latent_shape, generator=gen)
     sigma = torch.rand(BATCH, generator=gen)
@@ -104,9 +102,7 @@ def test_velocity_has_latent_shape_and_depends_on_inputs(adapter: TinySD3Adapter
     with torch.no_grad():
         v = adapter.velocity(latents, sigma, state)
         other_sigma = adapter.velocity(latents, sigma * 0.5, state)
-        other_state = adapter.velocity(
-            latents, sigma, adapter.prepare_condition_state(_conditions(999))
-        )
+        other_state = adapter.velocity(latents, sigma, adapter.prepare_condition_state(_conditions(999)))
     assert v.shape == latents.shape
     assert torch.isfinite(v).all()
     assert not torch.allclose(v, other_sigma)
@@ -125,12 +121,8 @@ def test_condition_state_zeroes_padding_tokens(adapter: TinySD3Adapter) -> None:
     batch = _conditions(5)
     state = adapter.prepare_condition_state(batch)
     assert len(state) == BATCH
-    assert torch.equal(
-        state.encoder_hidden_states[:, TOKENS // 2 :], torch.zeros(BATCH, TOKENS // 2, WIDTH)
-    )
-    assert torch.equal(
-        state.encoder_hidden_states[:, : TOKENS // 2], batch.token_states[:, : TOKENS // 2]
-    )
+    assert torch.equal(state.encoder_hidden_states[:, TOKENS // 2 :], torch.zeros(BATCH, TOKENS // 2, WIDTH))
+    assert torch.equal(state.encoder_hidden_states[:, : TOKENS // 2], batch.token_states[:, : TOKENS // 2])
     assert torch.equal(state.pooled_projections, batch.pooled)
     # what padded tokens held does not change the prediction
     noisy = ConditionBatch(
@@ -147,9 +139,7 @@ def test_condition_state_zeroes_padding_tokens(adapter: TinySD3Adapter) -> None:
 # -- save / load ----------------------------------------------------------------------------------
 
 
-def test_save_and_load_adapter_give_identical_outputs(
-    adapter: TinySD3Adapter, tmp_path: Path
-) -> None:
+def test_save_and_load_adapter_give_identical_outputs(adapter: TinySD3Adapter, tmp_path: Path) -> None:
     shifted = _adapter(seed=2, shift=3.0)
     shifted.save_pretrained(tmp_path)
     assert (tmp_path / ADAPTER_FILE).exists()
@@ -168,9 +158,7 @@ def test_save_and_load_adapter_give_identical_outputs(
         )
 
 
-def test_diffusers_loader_reads_the_saved_transformer(
-    adapter: TinySD3Adapter, tmp_path: Path
-) -> None:
+def test_diffusers_loader_reads_the_saved_transformer(adapter: TinySD3Adapter, tmp_path: Path) -> None:
     from diffusers import SD3Transformer2DModel
 
     adapter.save_pretrained(tmp_path)
@@ -217,9 +205,7 @@ def test_forward_without_guidance_is_velocity(adapter: TinySD3Adapter) -> None:
 
 
 @pytest.mark.parametrize("guidance", [0.0, 2.5, 7.0])
-def test_forward_with_guidance_combines_two_predictions(
-    adapter: TinySD3Adapter, guidance: float
-) -> None:
+def test_forward_with_guidance_combines_two_predictions(adapter: TinySD3Adapter, guidance: float) -> None:
     latents, sigma, state = _inputs(adapter)
     negative = adapter.prepare_condition_state(_conditions(321))
     with torch.no_grad():
@@ -265,14 +251,10 @@ def test_use_snapshot_swaps_weights_and_restores_live() -> None:
 
     with adapter.use_snapshot("ema") as swapped, torch.no_grad():
         assert swapped is adapter
-        torch.testing.assert_close(
-            adapter.velocity(latents, sigma, state), captured_out, rtol=0, atol=0
-        )
+        torch.testing.assert_close(adapter.velocity(latents, sigma, state), captured_out, rtol=0, atol=0)
     assert _same_weights(_weights(adapter.module()), live)
     with torch.no_grad():
-        torch.testing.assert_close(
-            adapter.velocity(latents, sigma, state), live_out, rtol=0, atol=0
-        )
+        torch.testing.assert_close(adapter.velocity(latents, sigma, state), live_out, rtol=0, atol=0)
 
 
 def test_use_snapshot_restores_live_weights_after_exception() -> None:

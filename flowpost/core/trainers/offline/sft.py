@@ -54,17 +54,23 @@ class SFTTrainer(BaseTrainer):
         from flowpost.data.shards import read_shards
 
         if self.spec.dataset_dir is None or self.spec.conditions_dir is None:
-            raise FlowpostError("an sft stage needs data: {dataset, conditions}", where=f"stages.{self.stage}.data")
+            raise FlowpostError(
+                "an sft stage needs data: {dataset, conditions}", where=f"stages.{self.stage}.data"
+            )
         from flowpost.core.io import read_json
 
         data_dir = Path(self.spec.dataset_dir) / "train"
         records = read_shards(data_dir, read_json(data_dir / "manifest.json", what="dataset manifest"))
         self.dataset = DemonstrationDataset(records)
-        prompts, table = load_condition_table(Path(self.spec.conditions_dir), self.spec.encoder_fingerprint or "")
+        prompts, table = load_condition_table(
+            Path(self.spec.conditions_dir), self.spec.encoder_fingerprint or ""
+        )
         self.prompt_rows = {prompt: row for row, prompt in enumerate(prompts)}
         if NULL_PROMPT not in self.prompt_rows:
-            raise FlowpostError("the condition cache lacks the null prompt; re-run the conditions node",
-                                where=self.spec.conditions_dir)
+            raise FlowpostError(
+                "the condition cache lacks the null prompt; re-run the conditions node",
+                where=self.spec.conditions_dir,
+            )
         self.conditions = table
 
     def build_loader(self) -> Any:
@@ -82,15 +88,21 @@ class SFTTrainer(BaseTrainer):
         device = self.accelerator.device
         x0 = self.adapter.encode_output_state(batch["image"].to(device))
         n = x0.shape[0]
-        address = {"seed": self.spec.seed, "stage": self.stage, "step": self.progress.optimizer_step,
-                   "indices": self.sample_indices(n)}
+        address = {
+            "seed": self.spec.seed,
+            "stage": self.stage,
+            "step": self.progress.optimizer_step,
+            "indices": self.sample_indices(n),
+        }
         noise = addressed_randn(x0.shape[1:], purpose="noise", **address).to(device, x0.dtype)
         normals = addressed_randn((), purpose="sigma", **address)
         dropped = addressed_rand((), purpose="cfg-dropout", **address) < self.args.cfg_dropout
         sigma = logit_normal_sigmas(
             normals, mean=self.args.logit_mean, std=self.args.logit_std, shift=self.adapter.shift
         ).to(device)
-        prompts = [NULL_PROMPT if drop else p for p, drop in zip(batch["prompt"], dropped.tolist(), strict=True)]
+        prompts = [
+            NULL_PROMPT if drop else p for p, drop in zip(batch["prompt"], dropped.tolist(), strict=True)
+        ]
         state = self.adapter.prepare_condition_state(self._conditions_for(prompts).to(device, x0.dtype))
         velocity = self.adapter.velocity(noised(x0, noise, sigma), sigma, state)
         return {"loss": flow_matching_loss(velocity, noise, x0)}
@@ -99,6 +111,8 @@ class SFTTrainer(BaseTrainer):
         try:
             rows = [self.prompt_rows[p] for p in prompts]
         except KeyError as exc:
-            raise FlowpostError(f"prompt {exc.args[0]!r} is not in the condition cache; re-run the conditions node",
-                                where=self.spec.conditions_dir) from None
+            raise FlowpostError(
+                f"prompt {exc.args[0]!r} is not in the condition cache; re-run the conditions node",
+                where=self.spec.conditions_dir,
+            ) from None
         return self.conditions.index(rows)

@@ -1,0 +1,29 @@
+# Two entry points: `make demo` (run the default pipeline) and `make test` (run the tests).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+WORKSPACE ?= workspace
+
+.PHONY: setup demo test test-slow lint
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 DVC_NO_ANALYTICS=1 \
+		$(BIN)/flowpost run --workspace $(WORKSPACE)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(BIN)/ruff check flowpost tests

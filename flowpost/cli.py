@@ -1,0 +1,162 @@
+"""The ``flowpost`` command."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flowpost.errors import FlowpostError
+
+app = typer.Typer(
+    help="Post-train flow-matching generators from a pipeline file.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+config_app = typer.Typer(help="Inspect pipeline configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+PipelineArg = Annotated[
+    Path | None, typer.Argument(help="pipeline YAML (default: the embedded digits pipeline)")
+]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="dotted override, e.g. stages.sft.train.lr=1e-4")
+]
+WorkspaceOpt = Annotated[
+    Path, typer.Option("--workspace", "-w", help="folder for every output of the pipeline")
+]
+
+
+def _load(pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False):  # noqa: ANN202
+    from flowpost.core.config.loading import load_pipeline
+
+    extra = ["smoke=true"] if smoke else []
+    return load_pipeline(pipeline, [*(overrides or []), *extra])
+
+
+@app.command()
+def run(
+    pipeline: PipelineArg = None,
+    workspace: WorkspaceOpt = Path("workspace"),
+    set_: SetOpt = None,
+    smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
+    refresh: Annotated[bool, typer.Option("--refresh", help="rerun nodes even when a result exists")] = False,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="continue killed stages")] = True,
+) -> None:
+    """Run the pipeline as a Prefect flow; print which nodes ran and which were cached."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from flowpost.core.config.loading import pipeline_to_dict
+
+    config = _load(pipeline, set_, smoke=smoke)
+    _quiet_prefect_defaults()
+    from flowpost.flows.pipeline import pipeline_flow
+
+    results = pipeline_flow(pipeline_to_dict(config), str(workspace), refresh=refresh, resume=resume)
+    table = Table(title=f"pipeline {config.name} in {workspace}")
+    for column in ("node", "status", "seconds", "folder"):
+        table.add_column(column)
+    for result in results:
+        table.add_row(result.node, result.status, f"{result.seconds:.1f}", str(result.path))
+    console = Console()
+    console.print(table)
+    metrics = workspace / "metrics.json"
+    if metrics.exists():
+        console.print(f"metrics: {metrics}\n{metrics.read_text()}")
+
+
+@app.command()
+def stage(
+    node: Annotated[str, typer.Argument(help="node id, e.g. train.sft")],
+    pipeline: Annotated[Path | None, typer.Option("--pipeline", "-p")] = None,
+    workspace: WorkspaceOpt = Path("workspace"),
+    set_: SetOpt = None,
+    refresh: Annotated[bool, typer.Option("--refresh")] = False,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume")] = True,
+) -> None:
+    """Run one node without Prefect (its inputs must have completed)."""
+    from flowpost.tasks.runner import PipelineRun
+
+    run_ = PipelineRun(_load(pipeline, set_), workspace)
+    result = run_.execute(node, refresh=refresh, resume=resume, on_event=_print_event)
+    if node == "report":
+        run_.publish_report()
+    typer.echo(f"{result.node} {result.status} -> {result.path}")
+
+
+@app.command()
+def validate(pipeline: Annotated[Path, typer.Argument()], set_: SetOpt = None) -> None:
+    """Check a pipeline file without running anything (exit 0 when valid)."""
+    config = _load(pipeline, set_)
+    typer.echo(f"{pipeline}: valid pipeline {config.name!r} with stages {', '.join(config.stages)}")
+
+
+@config_app.command("show")
+def config_show(pipeline: PipelineArg = None, set_: SetOpt = None) -> None:
+    """Print the resolved pipeline (defaults filled in, overrides applied)."""
+    import yaml
+
+    from flowpost.core.config.loading import pipeline_to_dict
+
+    typer.echo(yaml.safe_dump(pipeline_to_dict(_load(pipeline, set_)), sort_keys=False))
+
+
+@app.command()
+def sample(
+    export: Annotated[Path, typer.Argument(help="an export (or any saved model) folder")],
+    prompt: Annotated[str, typer.Option("--prompt")],
+    n: Annotated[int, typer.Option("-n", min=1)] = 16,
+    out: Annotated[Path, typer.Option("--out")] = Path("grid.png"),
+    steps: Annotated[int, typer.Option(min=1)] = 20,
+    guidance: Annotated[float, typer.Option()] = 1.0,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Generate ``n`` samples of one prompt into a PNG grid."""
+    from flowpost.core.sampling.generate import sample_prompts
+
+    sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
+    typer.echo(f"wrote {out}")
+
+
+@app.command("list")
+def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards")]) -> None:
+    """Print a registry."""
+    from flowpost.core.models.registry import FAMILIES
+    from flowpost.core.rewards.registry import REWARDS
+    from flowpost.core.trainers.registry import TRAINERS
+
+    registries = {"trainers": TRAINERS, "models": FAMILIES, "rewards": REWARDS}
+    if what not in registries:
+        raise FlowpostError(
+            f"unknown registry {what!r}; use trainers, models or rewards", where="flowpost list"
+        )
+    for name, target in sorted(registries[what].items()):
+        typer.echo(f"{name}\t{target}")
+
+
+def _print_event(event: dict) -> None:
+    if event.get("event") in ("step", "checkpoint", "done"):
+        typer.echo(f"{event['event']} {event.get('step', '')} {event.get('metrics', event.get('path', ''))}")
+
+
+def _quiet_prefect_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def main() -> None:
+    """Entry point: user errors print one message and exit 1, without a traceback."""
+    try:
+        app(standalone_mode=True)
+    except FlowpostError as exc:
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Reward scorers: decoded media + prompts + metadata -> one float per sample."""

@@ -1,0 +1,15 @@
+"""The reward protocol."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torch import Tensor
+
+
+class Reward(Protocol):
+    """Scores a batch: ``media`` [B, C, H, W] in [0, 1], one prompt and metadata dict per sample."""
+
+    name: str
+
+    def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor: ...

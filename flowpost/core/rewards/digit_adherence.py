@@ -1,0 +1,37 @@
+"""``digit_adherence``: the reward classifier's probability of the prompted digit (never the judge)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from flowpost.core.evaluation.classifier import REWARD_CLASSIFIER, load_classifier
+from flowpost.errors import FlowpostError
+
+
+@torch.no_grad()
+def label_probability(classifier: torch.nn.Module, images: Tensor, labels: Tensor) -> Tensor:
+    """[B] softmax probability the classifier gives each image's label."""
+    return classifier(images.float()).softmax(-1).gather(1, labels.view(-1, 1)).squeeze(1)
+
+
+class DigitAdherence:
+    """P(label | image) under the reward classifier; the label comes from ``metadata[i]["label"]``."""
+
+    name = "digit_adherence"
+
+    def __init__(self, assets_dir: str | Path) -> None:
+        self.classifier = load_classifier(Path(assets_dir), REWARD_CLASSIFIER.name)
+
+    @torch.no_grad()
+    def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
+        try:
+            labels = torch.tensor([int(m["label"]) for m in metadata])
+        except (KeyError, TypeError, ValueError):
+            raise FlowpostError(
+                "digit_adherence needs metadata['label'] for every sample", where="rewards"
+            ) from None
+        return label_probability(self.classifier, media, labels)

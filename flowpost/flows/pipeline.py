@@ -1,0 +1,78 @@
+"""The pipeline as a Prefect flow: one task per node, dependencies as ``wait_for``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
+from prefect.cache_policies import NO_CACHE
+
+from flowpost.core.config.loading import validate_pipeline
+from flowpost.tasks.runner import NodeResult, PipelineRun
+
+HEAVY_KINDS = ("train", "eval")
+
+
+def _artifact_key(node_id: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in node_id.lower())
+
+
+@task(cache_policy=NO_CACHE, persist_result=False)
+def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> NodeResult:
+    """Execute one node (or reuse its completed folder) and relay training progress."""
+    logger = get_run_logger()
+    state: dict[str, Any] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "start":
+            state["max"] = event["max_steps"]
+            state["artifact"] = create_progress_artifact(
+                progress=100.0 * event["step"] / event["max_steps"],
+                key=f"progress-{_artifact_key(node_id)}",
+                description=f"{node_id}: optimizer steps",
+            )
+        elif kind == "step":
+            metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(event.get("metrics", {}).items()))
+            logger.info("%s step %d/%d %s", node_id, event["step"], event["max_steps"], metrics)
+            if "artifact" in state:
+                update_progress_artifact(
+                    state["artifact"], progress=100.0 * event["step"] / event["max_steps"]
+                )
+        elif kind == "checkpoint":
+            logger.info("%s checkpoint %s", node_id, event["path"])
+
+    result = run.execute(node_id, refresh=refresh, resume=resume, on_event=on_event)
+    logger.info("%s %s in %.1fs -> %s", node_id, result.status, result.seconds, result.path)
+    return result
+
+
+@flow(name="flowpost-pipeline", log_prints=True)
+def pipeline_flow(
+    pipeline: dict[str, Any], workspace: str, refresh: bool = False, resume: bool = True
+) -> list[NodeResult]:
+    """Run every node of ``pipeline`` in ``workspace``; light nodes run concurrently."""
+    run = PipelineRun(validate_pipeline(pipeline), workspace)
+    futures: dict[str, Any] = {}
+    for node_id, node in run.nodes.items():
+        tags = ["flowpost", f"flowpost-{node.kind}"] + (
+            ["flowpost-heavy"] if node.kind in HEAVY_KINDS else []
+        )
+        futures[node_id] = run_node.with_options(name=node_id, tags=tags).submit(
+            run, node_id, refresh, resume, wait_for=[futures[dep] for dep in node.deps]
+        )
+    results = [future.result() for future in futures.values()]
+    report = run.publish_report()
+    if report is not None:
+        create_markdown_artifact(
+            markdown=(Path(report).parent / "report.md").read_text(),
+            key=f"{_artifact_key(run.pipeline.name)}-report",
+            description="flowpost run report",
+        )
+    return results

@@ -1,0 +1,118 @@
+"""The node graph run bare (no Prefect): outputs, caching by fingerprint, selective reruns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowpost.core.config.loading import validate_pipeline
+from flowpost.tasks.runner import PipelineRun
+
+EXPECTED_NODES = [
+    "acquire.digits",
+    "conditions.minilm",
+    "train.sft",
+    "eval.sft",
+    "export",
+    "report",
+]
+
+
+def _run_all(run: PipelineRun) -> dict[str, str]:
+    statuses = {node_id: run.execute(node_id).status for node_id in run.nodes}
+    run.publish_report()
+    return statuses
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory, tiny_pipeline) -> Path:
+    workspace = tmp_path_factory.mktemp("workspace")
+    run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
+    assert list(run.nodes) == EXPECTED_NODES
+    assert set(_run_all(run).values()) == {"ran"}
+    return workspace
+
+
+def test_report_has_the_promised_metrics(workspace: Path) -> None:
+    metrics = json.loads((workspace / "metrics.json").read_text())
+    assert set(metrics["sft"]) == {
+        "adherence",
+        "reward_mean",
+        "fd",
+        "n_samples",
+        "step",
+        "weights",
+        "seed",
+        "smoke",
+    }
+    assert metrics["sft"]["n_samples"] == 20 and metrics["sft"]["step"] == 3
+    assert metrics["sft"]["weights"] == "ema" and metrics["sft"]["smoke"] is True
+    assert 0.0 <= metrics["sft"]["adherence"] <= 1.0 and metrics["sft"]["fd"] >= 0.0
+    assert "| sft |" in (workspace / "report.md").read_text()
+
+
+def test_rerun_is_all_cached_and_a_changed_stage_reruns_only_its_dependents(
+    workspace: Path, tiny_pipeline
+) -> None:
+    same = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
+    assert set(_run_all(same).values()) == {"cached"}
+    changed = PipelineRun(validate_pipeline(tiny_pipeline(lr=5e-4)), workspace)
+    statuses = _run_all(changed)
+    assert statuses == {
+        "acquire.digits": "cached",
+        "conditions.minilm": "cached",
+        "train.sft": "ran",
+        "eval.sft": "ran",
+        "export": "ran",
+        "report": "ran",
+    }
+    reverted = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
+    assert set(_run_all(reverted).values()) == {"cached"}
+
+
+def test_export_loads_with_diffusers_and_matches_the_trained_weights(workspace: Path, tiny_pipeline) -> None:
+    from diffusers import SD3Transformer2DModel
+
+    from flowpost.core.models.registry import load_adapter
+
+    run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
+    export = run.path("export")
+    manifest = json.loads((export / "export.json").read_text())
+    assert manifest["encoder"]["name"] == "minilm" and manifest["schedule"]["shift"] == 1.0
+    assert set(manifest["provenance"]) == {"git", "versions", "fingerprints", "config"}
+    assert manifest["provenance"]["fingerprints"]["train.sft"] == run.fingerprints["train.sft"]
+    assert (export / "README.md").read_text().startswith("# tiny")
+
+    plain = SD3Transformer2DModel.from_pretrained(export / "transformer").eval()
+    trained = load_adapter(run.path("train.sft") / "final" / "ema").module().eval()
+    x = torch.randn(2, 1, 16, 16)
+    cond = torch.randn(2, 16, 384)
+    pooled = torch.randn(2, 384)
+    t = torch.tensor([500.0, 250.0])
+    with torch.no_grad():
+        a = plain(hidden_states=x, encoder_hidden_states=cond, pooled_projections=pooled, timestep=t).sample
+        b = trained(hidden_states=x, encoder_hidden_states=cond, pooled_projections=pooled, timestep=t).sample
+    assert torch.equal(a, b)
+
+
+def test_sample_command_writes_a_grid_from_the_export(workspace: Path, tmp_path: Path, tiny_pipeline) -> None:
+    from PIL import Image
+
+    from flowpost.core.sampling.generate import sample_prompts
+
+    run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
+    out = tmp_path / "grid.png"
+    images = sample_prompts(run.path("export"), ["a handwritten digit seven"] * 4, out=out, steps=2)
+    assert images.shape == (4, 1, 16, 16) and 0.0 <= float(images.min()) and float(images.max()) <= 1.0
+    assert Image.open(out).size[0] > 16
+
+
+def test_a_node_whose_inputs_are_missing_is_refused(tmp_path: Path, tiny_pipeline) -> None:
+    from flowpost.errors import FlowpostError
+
+    run = PipelineRun(validate_pipeline(tiny_pipeline()), tmp_path)
+    with pytest.raises(FlowpostError, match="acquire.digits"):
+        run.execute("conditions.minilm")
