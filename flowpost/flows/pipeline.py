@@ -12,11 +12,19 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
 
 from flowpost.core.config.loading import validate_pipeline
+from flowpost.errors import FlowpostError
 from flowpost.tasks.runner import NodeResult, PipelineRun
 
 HEAVY_KINDS = ("train", "eval")
+
+
+def progress_bar(done: int, total: int, width: int = 24) -> str:
+    """A text bar such as ``[##########--------------]`` for log lines."""
+    filled = round(width * done / total) if total else width
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
 def _artifact_key(node_id: str) -> str:
@@ -25,7 +33,10 @@ def _artifact_key(node_id: str) -> str:
 
 @task(cache_policy=NO_CACHE, persist_result=False)
 def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> NodeResult:
-    """Execute one node (or reuse its completed folder) and relay training progress."""
+    """Execute one node (or reuse its completed folder) and relay training progress.
+
+    A ``FlowpostError`` ends the task in a Failed state carrying the message (no traceback).
+    """
     logger = get_run_logger()
     state: dict[str, Any] = {}
 
@@ -40,7 +51,8 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
             )
         elif kind == "step":
             metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(event.get("metrics", {}).items()))
-            logger.info("%s step %d/%d %s", node_id, event["step"], event["max_steps"], metrics)
+            bar = progress_bar(event["step"], event["max_steps"])
+            logger.info("%s %s %d/%d %s", node_id, bar, event["step"], event["max_steps"], metrics)
             if "artifact" in state:
                 update_progress_artifact(
                     state["artifact"], progress=100.0 * event["step"] / event["max_steps"]
@@ -48,7 +60,10 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
         elif kind == "checkpoint":
             logger.info("%s checkpoint %s", node_id, event["path"])
 
-    result = run.execute(node_id, refresh=refresh, resume=resume, on_event=on_event)
+    try:
+        result = run.execute(node_id, refresh=refresh, resume=resume, on_event=on_event)
+    except FlowpostError as exc:  # a user-fixable failure: report the message, not a traceback
+        return Failed(message=str(exc), data=exc)
     logger.info("%s %s in %.1fs -> %s", node_id, result.status, result.seconds, result.path)
     return result
 
@@ -57,7 +72,10 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
 def pipeline_flow(
     pipeline: dict[str, Any], workspace: str, refresh: bool = False, resume: bool = True
 ) -> list[NodeResult]:
-    """Run every node of ``pipeline`` in ``workspace``; light nodes run concurrently."""
+    """Run every node of ``pipeline`` in ``workspace``; light nodes run concurrently.
+
+    When a node fails, nodes downstream of it do not run and the flow fails with that node's message.
+    """
     run = PipelineRun(validate_pipeline(pipeline), workspace)
     futures: dict[str, Any] = {}
     for node_id, node in run.nodes.items():
@@ -67,6 +85,13 @@ def pipeline_flow(
         futures[node_id] = run_node.with_options(name=node_id, tags=tags).submit(
             run, node_id, refresh, resume, wait_for=[futures[dep] for dep in node.deps]
         )
+    for future in futures.values():
+        future.wait()
+    failed = [(node_id, f.state) for node_id, f in futures.items() if f.state.is_failed()]
+    if failed:
+        node_id, state = failed[0]
+        error = FlowpostError(f"node {node_id} failed: {state.message}")
+        return Failed(message=str(error), data=error)  # type: ignore[return-value]
     results = [future.result() for future in futures.values()]
     report = run.publish_report()
     if report is not None:

@@ -75,7 +75,8 @@ def evaluate_stage(
     )
     metrics |= {
         "weights": weights,
-        "seed": config.seed,
+        "seed": seed,
+        "eval_seed": config.seed,
         "smoke": smoke,
         "steps": config.steps,
         "guidance": config.guidance,
