@@ -1,0 +1,91 @@
+"""A tiny on-disk demonstration set, a fake-encoded condition cache, and an SFT trainer factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from flowpost.core.config.schema import CallbacksConfig
+from flowpost.core.io import write_json_atomic
+from flowpost.core.launch import build_callbacks
+from flowpost.core.models.base import ConditionBatch
+from flowpost.core.models.tiny_sd3 import TinySD3Adapter
+from flowpost.core.trainers.offline.sft import SFTArguments, SFTTrainer
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.data.condition_cache import update_condition_cache
+from flowpost.data.records import Demonstration
+from flowpost.data.shards import write_shards
+
+TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
+RECORDS = 20  # batch 4 -> 5 batches per epoch
+FINGERPRINT = "test-encoder"
+
+
+def _fake_encode(prompts: list[str]) -> ConditionBatch:
+    seeds = [sum(map(ord, p)) for p in prompts]
+    states = torch.stack([torch.randn(16, 384, generator=torch.Generator().manual_seed(s)) for s in seeds])
+    return ConditionBatch(states, torch.ones(len(prompts), 16, dtype=torch.int8), states.mean(1))
+
+
+@pytest.fixture(scope="session")
+def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("sft-data")
+    rng = np.random.default_rng(0)
+    records = [
+        Demonstration(
+            key=f"r{i}",
+            prompt=f"digit {i % 10}",
+            image=rng.random((1, 16, 16), dtype=np.float32),
+            label=i % 10,
+        )
+        for i in range(RECORDS)
+    ]
+    manifest = write_shards(records, root / "data" / "train", shard_size=7)
+    write_json_atomic(root / "data" / "train" / "manifest.json", manifest)
+    prompts = ["", *sorted({r.prompt for r in records})]
+    update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=_fake_encode)
+    return root / "data", root / "conditions"
+
+
+@pytest.fixture
+def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
+    """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, **train_args)``."""
+
+    def make(
+        out: Path,
+        *,
+        cls: type[SFTTrainer] = SFTTrainer,
+        resume: bool = True,
+        callbacks: dict[str, Any] | None = None,
+        **args: Any,
+    ) -> SFTTrainer:
+        dataset_dir, conditions_dir = data_dirs
+        spec = StageSpec(
+            stage="sft",
+            seed=0,
+            config={},
+            output_dir=str(out),
+            dataset_dir=str(dataset_dir),
+            conditions_dir=str(conditions_dir),
+            encoder_fingerprint=FINGERPRINT,
+            resume=resume,
+        )
+        arguments = SFTArguments(**{"batch_size": 4, "lr": 1e-3, **args})
+        return cls(
+            spec=spec,
+            args=arguments,
+            adapter=TinySD3Adapter.from_scratch(seed=0, overrides=TINY),
+            callbacks=build_callbacks(CallbacksConfig.model_validate(callbacks or {}), spec),
+        )
+
+    return make
+
+
+@pytest.fixture
+def fresh_weights():  # noqa: ANN201
+    """The weights ``make_trainer`` starts from."""
+    return TinySD3Adapter.from_scratch(seed=0, overrides=TINY).module().state_dict()
