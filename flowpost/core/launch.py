@@ -55,11 +55,16 @@ def build_callbacks(config: CallbacksConfig, spec: StageSpec) -> list[Callback]:
 
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
-    """A fresh model (seeded) or the weights of the stage named by ``model.init``."""
+    """A fresh model (seeded) or the stage named by ``model.init``, with LoRA when configured."""
     if spec.init_from is not None:
-        return load_adapter(spec.init_from)
-    cls = adapter_class(stage.model.family, where=f"stages.{spec.stage}.model.family")
-    return cls.from_scratch(seed=spec.seed, shift=stage.model.shift, overrides=stage.model.transformer)
+        adapter = load_adapter(spec.init_from)
+    else:
+        cls = adapter_class(stage.model.family, where=f"stages.{spec.stage}.model.family")
+        adapter = cls.from_scratch(seed=spec.seed, shift=stage.model.shift, overrides=stage.model.transformer)
+    lora = stage.model.lora
+    if lora is not None:
+        adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
+    return adapter
 
 
 def run_stage(spec: StageSpec) -> TrainingProgress:

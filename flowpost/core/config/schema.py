@@ -30,6 +30,14 @@ class ConditionsConfig(StrictModel):
     max_length: int = Field(16, ge=4, le=256)
 
 
+class LoraConfig(StrictModel):
+    """Train low-rank adapters instead of every weight; exports merge them into the weights."""
+
+    rank: int = Field(8, ge=1)
+    alpha: float | None = Field(None, gt=0, description="scaling numerator; default: rank")
+    targets: list[str] | None = Field(None, description="module names; default: the family's attention")
+
+
 class ModelConfig(StrictModel):
     """The model a stage trains: a registered family, initialised from scratch or a stage."""
 
@@ -37,6 +45,7 @@ class ModelConfig(StrictModel):
     init: str = Field("scratch", description="'scratch' or the name of an earlier stage")
     shift: float = Field(1.0, gt=0, description="flow-matching sigma shift")
     transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
+    lora: LoraConfig | None = None
 
 
 class DataRef(StrictModel):

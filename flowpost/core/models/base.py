@@ -85,6 +85,10 @@ class ModelAdapter(ABC):
         """Write the trainable network as a diffusers folder plus an adapter manifest."""
 
     @abstractmethod
+    def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
+        """Freeze the network and train LoRA adapters instead (PEFT); exports merge them."""
+
+    @abstractmethod
     def describe(self) -> dict:
         """Family, encoder, output codec and schedule, as the export manifest records them."""
 

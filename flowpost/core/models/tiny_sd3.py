@@ -13,6 +13,7 @@ from torch import Tensor
 
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE, ConditionBatch, ConditionState, ModelAdapter
+from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, has_lora, merged_copy
 from flowpost.core.roles import Snapshots
 
 TRANSFORMER_DEFAULTS: dict[str, Any] = {
@@ -61,6 +62,7 @@ class TinySD3Adapter(ModelAdapter):
         self.shift = shift
         self.encoder_name = encoder
         self.snapshots = Snapshots()
+        self.lora: dict[str, Any] | None = None
 
     @classmethod
     def from_scratch(
@@ -83,9 +85,15 @@ class TinySD3Adapter(ModelAdapter):
         transformer = SD3Transformer2DModel.from_pretrained(path / "transformer")
         return cls(transformer, shift=float(meta["schedule"]["shift"]), encoder=meta["encoder"])
 
+    def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
+        add_lora(self.transformer, rank=rank, alpha=alpha, targets=targets or SD3_ATTENTION_TARGETS)
+        self.lora = {"rank": rank, "alpha": alpha, "targets": list(targets or SD3_ATTENTION_TARGETS)}
+
     def save_pretrained(self, path: str | Path) -> None:
+        """LoRA, when present, is merged: the folder is a plain diffusers transformer."""
         path = Path(path)
-        self.transformer.save_pretrained(path / "transformer", safe_serialization=True)
+        network = merged_copy(self.transformer) if has_lora(self.transformer) else self.transformer
+        network.save_pretrained(path / "transformer", safe_serialization=True)
         write_json_atomic(path / ADAPTER_FILE, self.describe())
 
     def describe(self) -> dict[str, Any]:
@@ -99,6 +107,7 @@ class TinySD3Adapter(ModelAdapter):
                 "prediction": "velocity (noise - x0)",
             },
             "latent_shape": list(self.latent_shape),
+            "trained_with_lora": self.lora,
         }
 
     @property

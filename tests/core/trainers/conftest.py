@@ -53,7 +53,7 @@ def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
-    """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, **train_args)``."""
+    """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, lora_rank=None, **train_args)``."""
 
     def make(
         out: Path,
@@ -61,6 +61,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         cls: type[SFTTrainer] = SFTTrainer,
         resume: bool = True,
         callbacks: dict[str, Any] | None = None,
+        lora_rank: int | None = None,
         **args: Any,
     ) -> SFTTrainer:
         dataset_dir, conditions_dir = data_dirs
@@ -75,10 +76,13 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             resume=resume,
         )
         arguments = SFTArguments(**{"batch_size": 4, "lr": 1e-3, **args})
+        adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
+        if lora_rank is not None:
+            adapter.add_lora(rank=lora_rank, alpha=float(lora_rank))
         return cls(
             spec=spec,
             args=arguments,
-            adapter=TinySD3Adapter.from_scratch(seed=0, overrides=TINY),
+            adapter=adapter,
             callbacks=build_callbacks(CallbacksConfig.model_validate(callbacks or {}), spec),
         )
 
