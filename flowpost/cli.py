@@ -140,7 +140,9 @@ def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards"
 
 
 def _print_event(event: dict) -> None:
-    if event.get("event") in ("step", "checkpoint", "done"):
+    if event.get("event") == "start" and event.get("resumed_from"):
+        typer.echo(f"resuming from {event['resumed_from']} (step {event['step']})")
+    elif event.get("event") in ("step", "checkpoint", "done"):
         typer.echo(f"{event['event']} {event.get('step', '')} {event.get('metrics', event.get('path', ''))}")
 
 

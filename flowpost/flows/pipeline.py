@@ -43,7 +43,8 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
     def on_event(event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "start":
-            state["max"] = event["max_steps"]
+            if event.get("resumed_from"):
+                logger.info("%s resumes from %s (step %d)", node_id, event["resumed_from"], event["step"])
             state["artifact"] = create_progress_artifact(
                 progress=100.0 * event["step"] / event["max_steps"],
                 key=f"progress-{_artifact_key(node_id)}",

@@ -18,6 +18,7 @@ from flowpost.errors import FlowpostError
 
 EventHandler = Callable[[dict[str, Any]], None]
 POLL_SECONDS = 0.5
+PR_SET_PDEATHSIG = 1
 
 
 def stage_spec(
@@ -70,6 +71,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=env,
+            preexec_fn=_die_with_parent,
         )
         try:
             while process.poll() is None:
@@ -89,6 +91,14 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
     if not done:
         raise FlowpostError(f"stage {spec.stage!r} exited without a 'done' event", where=str(events_path))
     return done[-1]
+
+
+def _die_with_parent() -> None:
+    """In the child: receive SIGTERM if the orchestrating process dies (Linux), so no rank outlives it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:
