@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -28,15 +28,18 @@ def sha256_json(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def write_json_atomic(path: str | Path, value: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and a rename."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
+    """Yield a handle on a temporary sibling of ``path``; on success it is synced and renamed to ``path``.
+
+    On failure the temporary file is removed and ``path`` is left as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(value, handle, indent=2, sort_keys=True, default=str)
-            handle.write("\n")
+        with os.fdopen(fd, mode) as handle:
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -46,19 +49,17 @@ def write_json_atomic(path: str | Path, value: Any) -> None:
         raise
 
 
+def write_json_atomic(path: str | Path, value: Any) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename."""
+    with atomic_file(path, "w") as handle:
+        json.dump(value, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     """Write bytes to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb") as handle:
+        handle.write(data)
 
 
 @contextlib.contextmanager

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import tarfile
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +12,7 @@ from typing import Any
 import numpy as np
 from webdataset import TarWriter
 
-from flowpost.core.io import sha256_file
+from flowpost.core.io import atomic_file, sha256_file
 from flowpost.data.records import Demonstration
 from flowpost.errors import FlowpostError
 
@@ -32,20 +29,11 @@ def _encode(record: Demonstration) -> dict[str, Any]:
 
 
 def _write_tar(path: Path, samples: list[dict[str, Any]]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            writer = TarWriter(handle, encoder=False, mtime=0.0)
-            for sample in samples:
-                writer.write(sample)
-            writer.close()
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb") as handle:
+        writer = TarWriter(handle, encoder=False, mtime=0.0)
+        for sample in samples:
+            writer.write(sample)
+        writer.close()
 
 
 def write_shards(
