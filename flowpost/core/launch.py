@@ -1,4 +1,8 @@
-"""The per-rank entry point of a training stage: ``python -m flowpost.core.launch STAGE.json``."""
+"""The per-rank entry point of a training stage: ``python -m flowpost.core.launch STAGE.json``.
+
+This is the composition root of a stage process: the one core module that opens the data layer
+(``load_stage_inputs``) and hands trainers what they read.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +19,16 @@ from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.progress import TrainingProgress
+from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.registry import trainer_class
 from flowpost.core.trainers.spec import StageSpec
+from flowpost.data.stage_inputs import load_stage_inputs
 from flowpost.errors import FlowpostError
 
 log = get_logger(__name__)
 
 
-def build_callbacks(config: CallbacksConfig, spec: StageSpec) -> list[Callback]:
+def build_callbacks(config: CallbacksConfig, spec: StageSpec, inputs: StageInputs) -> list[Callback]:
     """Callbacks in a fixed order: clipping, EMA, validation, tracking."""
     out = Path(spec.output_dir)
     callbacks: list[Callback] = []
@@ -31,18 +37,13 @@ def build_callbacks(config: CallbacksConfig, spec: StageSpec) -> list[Callback]:
     if config.ema is not None:
         callbacks.append(EMACallback(decay=config.ema.decay, warmup=config.ema.warmup))
     if config.validation is not None:
-        from flowpost.data.condition_cache import load_conditions
-
-        if spec.conditions_dir is None:
-            raise FlowpostError("validation needs the stage's data.conditions", where="callbacks.validation")
-        cache = Path(spec.conditions_dir)
-        fingerprint = spec.encoder_fingerprint or ""
+        conditions = inputs.require("conditions", where=f"stages.{spec.stage}.callbacks.validation")
         callbacks.append(
             ValidationCallback(
                 every=config.validation.every,
                 prompts=config.validation.prompts,
-                conditions=load_conditions(cache, config.validation.prompts, encoder_fingerprint=fingerprint),
-                negative=load_conditions(cache, [""], encoder_fingerprint=fingerprint),
+                conditions=conditions.lookup(config.validation.prompts),
+                negative=conditions.lookup([""]),
                 samples_per_prompt=config.validation.samples_per_prompt,
                 steps=config.validation.steps,
                 guidance=config.validation.guidance,
@@ -72,10 +73,10 @@ def run_stage(spec: StageSpec) -> TrainingProgress:
     stage = StageConfig.model_validate(spec.config)
     args = stage.arguments(smoke=spec.smoke)
     trainer_cls = trainer_class(stage.trainer, where=f"stages.{spec.stage}.trainer")  # before any model loads
+    inputs = load_stage_inputs(spec)
     adapter = build_adapter(stage, spec)
-    trainer = trainer_cls(
-        spec=spec, args=args, adapter=adapter, callbacks=build_callbacks(stage.callbacks, spec)
-    )
+    callbacks = build_callbacks(stage.callbacks, spec, inputs)
+    trainer = trainer_cls(spec=spec, args=args, adapter=adapter, inputs=inputs, callbacks=callbacks)
     return trainer.start()
 
 

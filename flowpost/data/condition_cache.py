@@ -18,6 +18,7 @@ import torch
 
 from flowpost.core.io import sha256_file, write_json_atomic
 from flowpost.core.models.base import ConditionBatch
+from flowpost.core.trainers.inputs import ConditionTable
 from flowpost.errors import FlowpostError
 
 TABLE = "conditions.parquet"
@@ -198,12 +199,4 @@ def load_condition_table(cache_dir: Path, encoder_fingerprint: str) -> tuple[lis
 def load_conditions(cache_dir: Path, prompts: list[str], *, encoder_fingerprint: str) -> ConditionBatch:
     """Conditions for ``prompts`` in the given order (duplicates allowed); mask is int64."""
     cached, batch = load_condition_table(cache_dir, encoder_fingerprint)
-    row = {prompt: i for i, prompt in enumerate(cached)}
-    missing = [p for p in prompts if p not in row]
-    if missing:
-        raise FlowpostError(
-            f"prompt {missing[0]!r} is not in the condition cache "
-            f"({len(missing)} missing in all); re-run the conditions node",
-            where=str(cache_dir),
-        )
-    return batch.index([row[p] for p in prompts])
+    return ConditionTable(prompts=cached, batch=batch, where=str(cache_dir)).lookup(prompts)

@@ -25,6 +25,7 @@ from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.inputs import BatchLoader, StageInputs
 from flowpost.core.trainers.registry import check_contracts
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
@@ -65,6 +66,7 @@ class BaseTrainer(ABC):
         spec: StageSpec,
         args: TrainerArguments,
         adapter: ModelAdapter,
+        inputs: StageInputs | None = None,
         callbacks: list[Callback] | None = None,
         accelerator: Any | None = None,
     ) -> None:
@@ -75,6 +77,7 @@ class BaseTrainer(ABC):
         self.stage = spec.stage
         self.args = args
         self.adapter = adapter
+        self.inputs = inputs or StageInputs()
         self.output_dir = Path(spec.output_dir)
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
         self.callbacks = CallbackList(callbacks or [])
@@ -114,7 +117,7 @@ class BaseTrainer(ABC):
         """Dataset contract: return ``{"loss": scalar, ...metrics}`` for one micro-batch."""
         raise TypeError(f"{type(self).__name__} does not train on a dataset")
 
-    def build_loader(self) -> Any:
+    def build_loader(self) -> BatchLoader:
         """Dataset contract: the finite, rank-aware loader (``batches_per_epoch``, ``iter_epoch``)."""
         raise TypeError(f"{type(self).__name__} does not train on a dataset")
 
@@ -162,7 +165,7 @@ class BaseTrainer(ABC):
         while self.progress.optimizer_step < self.args.max_steps:
             self._run_dataset_epoch(loader, usable, accum)
 
-    def _run_dataset_epoch(self, loader: Any, usable: int, accum: int) -> None:
+    def _run_dataset_epoch(self, loader: BatchLoader, usable: int, accum: int) -> None:
         """One pass; ``data_epoch`` advances only when all ``usable`` batches ran cleanly."""
         sums: dict[str, float] = defaultdict(float)
         start = self.progress.epoch_cursor

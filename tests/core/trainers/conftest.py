@@ -19,6 +19,7 @@ from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import update_condition_cache
 from flowpost.data.records import Demonstration
 from flowpost.data.shards import write_shards
+from flowpost.data.stage_inputs import load_stage_inputs
 
 TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 RECORDS = 20  # batch 4 -> 5 batches per epoch
@@ -76,6 +77,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             resume=resume,
         )
         arguments = SFTArguments(**{"batch_size": 4, "lr": 1e-3, **args})
+        inputs = load_stage_inputs(spec)
         adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
         if lora_rank is not None:
             adapter.add_lora(rank=lora_rank, alpha=float(lora_rank))
@@ -83,7 +85,8 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             spec=spec,
             args=arguments,
             adapter=adapter,
-            callbacks=build_callbacks(CallbacksConfig.model_validate(callbacks or {}), spec),
+            inputs=inputs,
+            callbacks=build_callbacks(CallbacksConfig.model_validate(callbacks or {}), spec, inputs),
         )
 
     return make

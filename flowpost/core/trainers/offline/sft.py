@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
 
 from flowpost.core.contracts import OFFLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
-from flowpost.core.models.base import ConditionBatch
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.inputs import BatchLoader
 from flowpost.errors import FlowpostError
 
 NULL_PROMPT = ""
@@ -49,35 +48,17 @@ class SFTTrainer(BaseTrainer):
     args: SFTArguments
 
     def setup(self) -> None:
-        from flowpost.data.condition_cache import load_condition_table
-        from flowpost.data.loaders import DemonstrationDataset
-        from flowpost.data.shards import read_shards
-
-        if self.spec.dataset_dir is None or self.spec.conditions_dir is None:
-            raise FlowpostError(
-                "an sft stage needs data: {dataset, conditions}", where=f"stages.{self.stage}.data"
-            )
-        from flowpost.core.io import read_json
-
-        data_dir = Path(self.spec.dataset_dir) / "train"
-        records = read_shards(data_dir, read_json(data_dir / "manifest.json", what="dataset manifest"))
-        self.dataset = DemonstrationDataset(records)
-        prompts, table = load_condition_table(
-            Path(self.spec.conditions_dir), self.spec.encoder_fingerprint or ""
-        )
-        self.prompt_rows = {prompt: row for row, prompt in enumerate(prompts)}
-        if NULL_PROMPT not in self.prompt_rows:
+        where = f"stages.{self.stage}.data"
+        self.conditions = self.inputs.require("conditions", where=where)
+        self.loader_factory = self.inputs.require("demonstrations", where=where)
+        if NULL_PROMPT not in self.conditions:
             raise FlowpostError(
                 "the condition cache lacks the null prompt; re-run the conditions node",
-                where=self.spec.conditions_dir,
+                where=self.conditions.where,
             )
-        self.conditions = table
 
-    def build_loader(self) -> Any:
-        from flowpost.data.loaders import FiniteLoader
-
-        return FiniteLoader(
-            self.dataset,
+    def build_loader(self) -> BatchLoader:
+        return self.loader_factory(
             global_batch_size=self.args.batch_size,
             seed=self.spec.seed,
             rank=self.accelerator.process_index,
@@ -103,16 +84,6 @@ class SFTTrainer(BaseTrainer):
         prompts = [
             NULL_PROMPT if drop else p for p, drop in zip(batch["prompt"], dropped.tolist(), strict=True)
         ]
-        state = self.adapter.prepare_condition_state(self._conditions_for(prompts).to(device, x0.dtype))
+        state = self.adapter.prepare_condition_state(self.conditions.lookup(prompts).to(device, x0.dtype))
         velocity = self.adapter.velocity(noised(x0, noise, sigma), sigma, state)
         return {"loss": flow_matching_loss(velocity, noise, x0)}
-
-    def _conditions_for(self, prompts: list[str]) -> ConditionBatch:
-        try:
-            rows = [self.prompt_rows[p] for p in prompts]
-        except KeyError as exc:
-            raise FlowpostError(
-                f"prompt {exc.args[0]!r} is not in the condition cache; re-run the conditions node",
-                where=self.spec.conditions_dir,
-            ) from None
-        return self.conditions.index(rows)
