@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -23,3 +25,46 @@ def logit_normal_sigmas(
 ) -> Tensor:
     """Training sigmas: ``shift(sigmoid(mean + std * n))`` for standard-normal draws ``n``."""
     return shift_sigmas(torch.sigmoid(mean + std * normals), shift)
+
+
+def flux_shift_mu(
+    image_seq_len: int,
+    *,
+    base_seq_len: int = 256,
+    max_seq_len: int = 4096,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+) -> float:
+    """FLUX's resolution-dependent shift: linear in the packed token count, ``base_shift`` at
+    ``base_seq_len`` and ``max_shift`` at ``max_seq_len``; no clamping (longer sequences extrapolate)."""
+    slope = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return base_shift + slope * (image_seq_len - base_seq_len)
+
+
+def flux_sigmas(
+    num_steps: int,
+    image_seq_len: int,
+    *,
+    base_seq_len: int = 256,
+    max_seq_len: int = 4096,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+) -> Tensor:
+    """FLUX inference sigmas (as diffusers' FLUX pipeline), ``num_steps + 1`` entries, fp32.
+
+    ``linspace(1, 1 / N, N)`` through the exponential time shift
+    ``sigma -> e^mu / (e^mu + (1 / sigma - 1))`` with ``mu = flux_shift_mu(image_seq_len)``, then a
+    terminal 0.
+    """
+    if num_steps < 1:
+        raise ValueError("num_steps must be at least 1")
+    mu = flux_shift_mu(
+        image_seq_len,
+        base_seq_len=base_seq_len,
+        max_seq_len=max_seq_len,
+        base_shift=base_shift,
+        max_shift=max_shift,
+    )
+    base = torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64)
+    shifted = math.exp(mu) / (math.exp(mu) + (1.0 / base - 1.0))
+    return torch.cat([shifted, shifted.new_zeros(1)]).float()
