@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -19,20 +19,56 @@ class TrainerArguments(StrictModel):
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
+    checkpoint_every: int = Field(0, ge=0, description="budget units between checkpoints; 0: end only")
+    log_every: int = Field(10, ge=1, description="budget units between logged events")
+
+    def smoke(self) -> TrainerArguments:
+        """A copy with every budget cut to a few units, for wiring checks."""
+        return self.model_copy(
+            update={"checkpoint_every": 2 if self.checkpoint_every else 0, "warmup_steps": 0, "log_every": 1}
+        )
+
+
+class DatasetArguments(TrainerArguments):
+    """Trainers on a finite dataset: the budget is optimizer steps."""
+
     batch_size: int = Field(64, ge=1, description="global micro-batch size across all ranks")
     gradient_accumulation_steps: int = Field(1, ge=1)
     max_steps: int = Field(100, ge=1, description="optimizer steps")
-    checkpoint_every: int = Field(0, ge=0, description="optimizer steps between checkpoints; 0: end only")
-    log_every: int = Field(10, ge=1)
 
-    def smoke(self) -> TrainerArguments:
-        """A copy with every budget cut to a few steps, for wiring checks."""
-        return self.model_copy(
-            update={
-                "max_steps": min(self.max_steps, 3),
-                "checkpoint_every": 2 if self.checkpoint_every else 0,
-                "warmup_steps": 0,
-                "log_every": 1,
-            }
-        )
+    @property
+    def budget(self) -> int:
+        """Budget units of the stage: optimizer steps."""
+        return self.max_steps
+
+    def smoke(self) -> DatasetArguments:
+        return super().smoke().model_copy(update={"max_steps": min(self.max_steps, 3)})  # type: ignore[return-value]
+
+
+class OnlineArguments(TrainerArguments):
+    """Trainers that generate their data: the budget is rollout iterations.
+
+    Each iteration samples ``prompts_per_iteration`` prompts, each ``group_size`` times.
+    """
+
+    iterations: int = Field(30, ge=1, description="rollout iterations")
+    prompts_per_iteration: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=1)
+    rollout_batch_size: int = Field(64, ge=1, description="global samples per rollout forward pass")
+    train_batch_size: int = Field(32, ge=1, description="global samples per training micro-batch")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    advantage_std: Literal["group", "global"] = "group"
+    advantage_clip: float = Field(5.0, gt=0)
+
+    @property
+    def budget(self) -> int:
+        """Budget units of the stage: rollout iterations."""
+        return self.iterations
+
+    @property
+    def samples_per_iteration(self) -> int:
+        return self.prompts_per_iteration * self.group_size
+
+    def smoke(self) -> OnlineArguments:
+        return super().smoke().model_copy(update={"iterations": min(self.iterations, 2)})  # type: ignore[return-value]

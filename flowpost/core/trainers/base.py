@@ -18,7 +18,7 @@ from flowpost.core.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
+from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.events import EventLog
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
@@ -125,36 +125,47 @@ class BaseTrainer(ABC):
         """Called after each data epoch or rollout iteration (e.g. to refresh an old-policy snapshot)."""
 
     # -- the loop ------------------------------------------------------------------------------
+    @property
+    def completed_units(self) -> int:
+        """Budget units done: optimizer steps (dataset) or rollout iterations (generation)."""
+        if self.execution_contract.acquisition is Acquisition.DATASET:
+            return self.progress.optimizer_step
+        return self.progress.rollout_iteration
+
     def start(self) -> TrainingProgress:
-        """Run the stage to ``max_steps`` (resuming from the latest checkpoint when allowed)."""
+        """Run the stage to its budget (resuming from the latest checkpoint when allowed)."""
         self._seed_everything()
         resumed = self._resume() if self.spec.resume else None
         self.callbacks.on_train_start(self)
-        self.events.emit(
-            "start",
-            step=self.progress.optimizer_step,
-            max_steps=self.args.max_steps,
-            resumed_from=resumed,
-        )
-        loops = {Acquisition.DATASET: self._run_dataset_epochs}
-        loop = loops.get(self.execution_contract.acquisition)
-        if loop is None:
-            raise FlowpostError(
-                f"trainer {type(self).__name__} acquires by {self.execution_contract.acquisition}, "
-                "which this version of the loop does not drive",
-                where=f"stages.{self.stage}.trainer",
-            )
-        loop()
-        if self._last_saved_step != self.progress.optimizer_step:
+        budget = self.args.budget  # type: ignore[attr-defined]
+        self.events.emit("start", step=self.completed_units, max_steps=budget, resumed_from=resumed)
+        if self.execution_contract.acquisition is Acquisition.DATASET:
+            self._run_dataset_epochs(budget)
+        else:
+            self._run_generation_iterations(budget)
+        if self._saved_progress != self.progress:
             self.save_checkpoint()
         self.callbacks.on_train_end(self)
         self.save_final_weights()
-        self.events.emit("done", step=self.progress.optimizer_step, progress=self.progress.to_dict())
+        self.events.emit("done", step=self.completed_units, progress=self.progress.to_dict())
         return self.progress
 
-    def _run_dataset_epochs(self) -> None:
+    def _run_generation_iterations(self, budget: int) -> None:
+        """sample -> (rewards and advantages, by the base) -> optimize, once per iteration."""
+        while self.progress.rollout_iteration < budget:
+            samples = self.sample()
+            metrics: dict[str, float] = {}
+            if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
+                metrics |= self.score(samples)
+            self._unit_metrics = metrics
+            self.optimize(samples)
+            self.progress = self.progress.after_rollout()
+            self._after_acquisition_cycle()
+            self._end_budget_unit(budget, self._global_mean(self._unit_metrics))
+
+    def _run_dataset_epochs(self, budget: int) -> None:
         loader = self.build_loader()
-        accum = self.args.gradient_accumulation_steps
+        accum = self.args.gradient_accumulation_steps  # type: ignore[attr-defined]
         usable = loader.batches_per_epoch - loader.batches_per_epoch % accum
         if usable == 0:
             raise FlowpostError(
@@ -162,10 +173,10 @@ class BaseTrainer(ABC):
                 f"fewer than gradient_accumulation_steps={accum}; lower batch_size or accumulation",
                 where=f"stages.{self.stage}.train.batch_size",
             )
-        while self.progress.optimizer_step < self.args.max_steps:
-            self._run_dataset_epoch(loader, usable, accum)
+        while self.progress.optimizer_step < budget:
+            self._run_dataset_epoch(loader, usable, accum, budget)
 
-    def _run_dataset_epoch(self, loader: BatchLoader, usable: int, accum: int) -> None:
+    def _run_dataset_epoch(self, loader: BatchLoader, usable: int, accum: int, budget: int) -> None:
         """One pass; ``data_epoch`` advances only when all ``usable`` batches ran cleanly."""
         sums: dict[str, float] = defaultdict(float)
         start = self.progress.epoch_cursor
@@ -174,13 +185,16 @@ class BaseTrainer(ABC):
                 break
             self._micro_index = offset % accum
             outputs = self.optimize_batch(batch)
-            self.accelerator.backward(outputs["loss"] / accum)
+            self.backward(outputs["loss"] / accum)
             for key, value in outputs.items():
                 sums[key] += float(value.detach()) / accum
             if self._micro_index == accum - 1:
-                self._optimizer_step(accum, dict(sums), epoch_done=start + offset + 1 >= usable)
+                metrics = self.step_optimizer(dict(sums), micro_batches=accum)
+                if start + offset + 1 >= usable:
+                    self._finish_epoch()
                 sums.clear()
-                if self.progress.optimizer_step >= self.args.max_steps:
+                self._end_budget_unit(budget, metrics)
+                if self.progress.optimizer_step >= budget:
                     return
         if self.progress.epoch_cursor >= usable:
             self._finish_epoch()
@@ -189,32 +203,41 @@ class BaseTrainer(ABC):
         self.progress = self.progress.after_epoch()
         self._after_acquisition_cycle()
 
-    def _optimizer_step(self, micro_batches: int, metrics: dict[str, float], *, epoch_done: bool) -> None:
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate gradients of ``loss`` (already divided by the accumulation count)."""
+        self.accelerator.backward(loss)
+
+    def step_optimizer(self, metrics: dict[str, float], *, micro_batches: int = 0) -> dict[str, float]:
+        """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks."""
+        metrics = dict(metrics)
         metrics.update(self.callbacks.on_before_optimizer_step(self))
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress = self.progress.after_optimizer_step(micro_batches)
-        if epoch_done:
-            self._finish_epoch()
         metrics = self._global_mean(metrics)
         self.callbacks.on_step_end(self, metrics)
-        step = self.progress.optimizer_step
-        if step % self.args.log_every == 0 or step == self.args.max_steps:
-            self.events.emit("step", step=step, max_steps=self.args.max_steps, metrics=metrics)
-        if self.args.checkpoint_every and step % self.args.checkpoint_every == 0:
+        return metrics
+
+    def _end_budget_unit(self, budget: int, metrics: dict[str, float]) -> None:
+        """Event and checkpoint cadence, counted in budget units."""
+        done = self.completed_units
+        if done % self.args.log_every == 0 or done == budget:
+            self.events.emit("step", step=done, max_steps=budget, metrics=metrics)
+        if self.args.checkpoint_every and done % self.args.checkpoint_every == 0:
             self.save_checkpoint()
 
     # -- addressing ------------------------------------------------------------------------------
     def sample_indices(self, local_batch_size: int) -> list[int]:
         """Global indices, within the current optimizer step, of this rank's micro-batch rows."""
-        global_batch = self.args.batch_size
+        global_batch = self.args.batch_size  # type: ignore[attr-defined]
         base = self._micro_index * global_batch + self.accelerator.process_index * local_batch_size
         return list(range(base, base + local_batch_size))
 
     # -- state ---------------------------------------------------------------------------------
-    _last_saved_step = -1
+    _saved_progress: TrainingProgress | None = None
+    _unit_metrics: dict[str, float] = {}
 
     def save_checkpoint(self) -> None:
         state = TrainingState(
@@ -230,7 +253,7 @@ class BaseTrainer(ABC):
             path = save_checkpoint(self.output_dir / "checkpoints", state)
             self.events.emit("checkpoint", step=state.step, path=str(path))
         self.accelerator.wait_for_everyone()
-        self._last_saved_step = state.step
+        self._saved_progress = self.progress
 
     def _resume(self) -> str | None:
         path = latest_checkpoint(self.output_dir / "checkpoints")
@@ -245,7 +268,7 @@ class BaseTrainer(ABC):
         torch.set_rng_state(state.rng["torch"])
         self.progress = TrainingProgress.from_dict(state.trainer["progress"])
         self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
-        self._last_saved_step = state.step
+        self._saved_progress = self.progress
         log.info("resumed stage %s from %s (step %d)", self.stage, path, state.step)
         return str(path)
 

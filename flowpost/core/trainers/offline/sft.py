@@ -10,7 +10,7 @@ from pydantic import Field
 from flowpost.core.contracts import OFFLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
-from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.arguments import DatasetArguments
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import BatchLoader
 from flowpost.errors import FlowpostError
@@ -18,7 +18,7 @@ from flowpost.errors import FlowpostError
 NULL_PROMPT = ""
 
 
-class SFTArguments(TrainerArguments):
+class SFTArguments(DatasetArguments):
     """``train:`` of an SFT stage."""
 
     execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
