@@ -16,7 +16,7 @@ from flowpost.core.callbacks.tracking import TrackingCallback
 from flowpost.core.callbacks.validation import ValidationCallback
 from flowpost.core.config.schema import CallbacksConfig, StageConfig
 from flowpost.core.logging import get_logger
-from flowpost.core.models.base import ModelAdapter
+from flowpost.core.models.base import NULL_PROMPT, ModelAdapter
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.trainers.inputs import StageInputs
@@ -43,7 +43,7 @@ def build_callbacks(config: CallbacksConfig, spec: StageSpec, inputs: StageInput
                 every=config.validation.every,
                 prompts=config.validation.prompts,
                 conditions=conditions.lookup(config.validation.prompts),
-                negative=conditions.lookup([""]),
+                negative=conditions.lookup([NULL_PROMPT]),
                 samples_per_prompt=config.validation.samples_per_prompt,
                 steps=config.validation.steps,
                 guidance=config.validation.guidance,

@@ -7,10 +7,9 @@ from typing import Any
 
 from flowpost.core.config.schema import ConditionsConfig
 from flowpost.core.io import read_json, write_json_atomic
+from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.models.text_encoders import build_encoder
 from flowpost.data.condition_cache import update_condition_cache
-
-NULL_PROMPT = ""
 
 
 def dataset_prompts(dataset_dir: Path) -> list[str]:

@@ -12,6 +12,7 @@ from flowpost.core.evaluation.classifier import JUDGE_CLASSIFIER, REWARD_CLASSIF
 from flowpost.core.evaluation.digits import EvalPlan, digit_metrics, generate
 from flowpost.core.evaluation.grid import save_grid
 from flowpost.core.io import read_json, write_json_atomic
+from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.models.registry import load_adapter
 from flowpost.data.condition_cache import load_conditions
 from flowpost.data.shards import read_shards
@@ -53,7 +54,7 @@ def evaluate_stage(
         batch_size=config.batch_size,
     )
     conditions = load_conditions(conditions_dir, plan.prompts, encoder_fingerprint=encoder_fingerprint)
-    negative = load_conditions(conditions_dir, [""], encoder_fingerprint=encoder_fingerprint)
+    negative = load_conditions(conditions_dir, [NULL_PROMPT], encoder_fingerprint=encoder_fingerprint)
     images = generate(adapter, plan, conditions, negative)
     labels = torch.tensor([plan.labels[r] for r in plan.rows()])
 

@@ -9,9 +9,7 @@ import torch
 
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.evaluation.grid import save_grid
-from flowpost.core.noise import addressed_randn
-from flowpost.core.sampling.ode import sample_ode
-from flowpost.core.sampling.schedules import inference_sigmas
+from flowpost.core.sampling.generate import generate_images
 
 if TYPE_CHECKING:
     from flowpost.core.models.base import ConditionBatch
@@ -51,29 +49,17 @@ class ValidationCallback(Callback):
 
     @torch.no_grad()
     def run(self, trainer: BaseTrainer, step: int) -> Path:
-        adapter = trainer.adapter
         rows = [i for i in range(len(self.prompts)) for _ in range(self.samples_per_prompt)]
-        state = adapter.prepare_condition_state(self.conditions.index(rows))
-        negative = adapter.prepare_condition_state(self.negative.index([0] * len(rows)))
-        noise = addressed_randn(
-            adapter.latent_shape,
+        images = generate_images(
+            trainer.adapter,
+            self.conditions.index(rows),
+            self.negative,
+            indices=range(len(rows)),
             seed=trainer.spec.seed,
             stage=f"{trainer.stage}/validation",
-            step=0,
-            indices=range(len(rows)),
-        )
-        model = adapter.module()
-        was_training = model.training
-        model.eval()
-        latents = sample_ode(
-            adapter,
-            noise,
-            state,
-            inference_sigmas(self.steps, shift=adapter.shift),
+            steps=self.steps,
             guidance=self.guidance,
-            negative=negative,
         )
-        model.train(was_training)
         path = self.out_dir / f"step-{step:06d}.png"
-        save_grid(adapter.decode(latents), path, nrow=self.samples_per_prompt)
+        save_grid(images, path, nrow=self.samples_per_prompt)
         return path

@@ -10,10 +10,8 @@ from torch import Tensor
 from flowpost.core.evaluation.classifier import DigitClassifier
 from flowpost.core.evaluation.frechet import frechet_distance
 from flowpost.core.models.base import ConditionBatch, ModelAdapter
-from flowpost.core.noise import addressed_randn
 from flowpost.core.rewards.digit_adherence import label_probability
-from flowpost.core.sampling.ode import sample_ode
-from flowpost.core.sampling.schedules import inference_sigmas
+from flowpost.core.sampling.generate import generate_images
 
 
 @dataclass(frozen=True)
@@ -32,28 +30,21 @@ class EvalPlan:
         return [i % len(self.prompts) for i in range(self.samples)]
 
 
-@torch.no_grad()
 def generate(
     adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, negative: ConditionBatch
 ) -> Tensor:
-    """Decoded samples [samples, C, H, W] in [0, 1]; ``conditions`` rows align with ``plan.prompts``."""
-    model = adapter.module()
-    model.eval()
-    sigmas = inference_sigmas(plan.steps, shift=adapter.shift)
-    rows = plan.rows()
-    outputs = []
-    for start in range(0, plan.samples, plan.batch_size):
-        indices = list(range(start, min(start + plan.batch_size, plan.samples)))
-        noise = addressed_randn(adapter.latent_shape, seed=plan.seed, stage="eval", step=0, indices=indices)
-        state = adapter.prepare_condition_state(conditions.index([rows[i] for i in indices]))
-        neg = (
-            adapter.prepare_condition_state(negative.index([0] * len(indices)))
-            if plan.guidance != 1.0
-            else None
-        )
-        latents = sample_ode(adapter, noise, state, sigmas, guidance=plan.guidance, negative=neg)
-        outputs.append(adapter.decode(latents))
-    return torch.cat(outputs)
+    """Decoded samples [samples, C, H, W] in [0, 1] on the CPU; ``conditions`` rows align with ``plan.prompts``."""
+    return generate_images(
+        adapter,
+        conditions.index(plan.rows()),
+        negative,
+        indices=range(plan.samples),
+        seed=plan.seed,
+        stage="eval",
+        steps=plan.steps,
+        guidance=plan.guidance,
+        batch_size=plan.batch_size,
+    )
 
 
 @torch.no_grad()

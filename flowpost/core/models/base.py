@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 
 ADAPTER_FILE = "flowpost_adapter.json"
+NULL_PROMPT = ""  # the unconditional (negative) prompt every condition cache holds
+DEFAULT_ENCODER_MAX_LENGTH = 16
 
 
 @dataclass
@@ -69,6 +71,7 @@ class ModelAdapter(ABC):
 
     family: ClassVar[str]
     encoder_name: str
+    encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH
 
     @classmethod
     @abstractmethod
@@ -101,11 +104,12 @@ class ModelAdapter(ABC):
     def module(self) -> torch.nn.Module:
         """The trainable network."""
 
-    def encode_conditions(self, prompts: list[str], *, max_length: int = 16) -> ConditionBatch:
-        """Encode prompts with this family's encoder (the condition cache node calls this once)."""
+    def encode_conditions(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
+        """Encode prompts with this family's encoder, by default at the length it was trained with."""
         from flowpost.core.models.text_encoders import build_encoder
 
-        return build_encoder(self.encoder_name, max_length=max_length).encode(prompts)
+        length = self.encoder_max_length if max_length is None else max_length
+        return build_encoder(self.encoder_name, max_length=length).encode(prompts)
 
     @abstractmethod
     def prepare_condition_state(self, batch: ConditionBatch) -> ConditionState:

@@ -1,16 +1,81 @@
-"""Sample prompts from a saved model into an image grid."""
+"""Generate images from a model: the one sampling path of validation grids, evaluation and ``sample``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from flowpost.core.evaluation.grid import save_grid
+from flowpost.core.models.base import NULL_PROMPT, ConditionBatch, ModelAdapter
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.ode import sample_ode
 from flowpost.core.sampling.schedules import inference_sigmas
+
+
+def model_device(adapter: ModelAdapter) -> torch.device:
+    """The device of the adapter's network (CPU for a network without parameters)."""
+    first = next(adapter.module().parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def generate_images(
+    adapter: ModelAdapter,
+    conditions: ConditionBatch,
+    negative: ConditionBatch | None,
+    *,
+    indices: Sequence[int],
+    seed: int,
+    stage: str,
+    steps: int,
+    guidance: float,
+    batch_size: int | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Decoded samples [len(indices), C, H, W] in [0, 1], on the CPU.
+
+    Row ``i`` is conditioned on ``conditions[i]`` and starts from the noise addressed by
+    ``(seed, stage, 0, indices[i])``, so it does not depend on the batching. ``negative`` is the
+    null-prompt condition (one row, or one per sample); it is needed only when ``guidance != 1``.
+    Sampling runs on ``device`` (default: the network's) in eval mode; the network's train/eval
+    mode is restored afterwards.
+    """
+    indices = [int(i) for i in indices]
+    if len(conditions) != len(indices):
+        raise ValueError(f"{len(conditions)} condition rows for {len(indices)} sample indices")
+    if guidance != 1.0 and negative is None:
+        raise ValueError("guidance != 1 needs the negative (null-prompt) conditions")
+    if negative is not None and len(negative) not in (1, len(indices)):
+        raise ValueError(f"negative conditions need 1 or {len(indices)} rows, got {len(negative)}")
+    device = torch.device(device) if device is not None else model_device(adapter)
+    sigmas = inference_sigmas(steps, shift=adapter.shift)
+    chunk = batch_size or max(1, len(indices))
+    model = adapter.module()
+    was_training = model.training
+    model.eval()
+    outputs: list[Tensor] = []
+    try:
+        for start in range(0, len(indices), chunk):
+            rows = list(range(start, min(start + chunk, len(indices))))
+            noise = addressed_randn(
+                adapter.latent_shape, seed=seed, stage=stage, step=0, indices=[indices[r] for r in rows]
+            ).to(device)
+            state = adapter.prepare_condition_state(conditions.index(rows).to(device))
+            neg = None
+            if guidance != 1.0 and negative is not None:
+                neg_rows = [0] * len(rows) if len(negative) == 1 else rows
+                neg = adapter.prepare_condition_state(negative.index(neg_rows).to(device))
+            latents = sample_ode(adapter, noise, state, sigmas, guidance=guidance, negative=neg)
+            outputs.append(adapter.decode(latents).cpu())
+    finally:
+        model.train(was_training)
+    if not outputs:
+        return torch.empty((0, *adapter.latent_shape))
+    return torch.cat(outputs)
 
 
 @torch.no_grad()
@@ -23,27 +88,23 @@ def sample_prompts(
     guidance: float = 1.0,
     seed: int = 0,
     nrow: int | None = None,
-) -> torch.Tensor:
+    device: torch.device | str | None = None,
+) -> Tensor:
     """Encode ``prompts``, integrate the ODE from addressed noise, write a PNG grid; returns images."""
     adapter = load_adapter(model_dir)
-    adapter.module().eval()
-    state = adapter.prepare_condition_state(adapter.encode_conditions(prompts))
-    negative = (
-        adapter.prepare_condition_state(adapter.encode_conditions([""] * len(prompts)))
-        if guidance != 1.0
-        else None
-    )
-    noise = addressed_randn(
-        adapter.latent_shape, seed=seed, stage="sample", step=0, indices=range(len(prompts))
-    )
-    latents = sample_ode(
+    if device is not None:
+        adapter.module().to(device)
+    conditions = adapter.encode_conditions(prompts)
+    negative = adapter.encode_conditions([NULL_PROMPT]) if guidance != 1.0 else None
+    images = generate_images(
         adapter,
-        noise,
-        state,
-        inference_sigmas(steps, shift=adapter.shift),
+        conditions,
+        negative,
+        indices=range(len(prompts)),
+        seed=seed,
+        stage="sample",
+        steps=steps,
         guidance=guidance,
-        negative=negative,
     )
-    images = adapter.decode(latents)
     save_grid(images, out, nrow=nrow or max(1, int(len(prompts) ** 0.5)))
     return images
