@@ -39,7 +39,16 @@ class Snapshots:
         snapshot = self._store[name]
         for key, param in module.named_parameters():
             if key in snapshot:
-                snapshot[key].lerp_(param.detach().to(torch.float32), 1.0 - decay)
+                value = self._on_device(snapshot, key, param.device)
+                value.lerp_(param.detach().to(torch.float32), 1.0 - decay)
+
+    @staticmethod
+    def _on_device(snapshot: dict[str, torch.Tensor], key: str, device: torch.device) -> torch.Tensor:
+        """``snapshot[key]`` on ``device``, moved there (and stored back) the first time it differs."""
+        value = snapshot[key]
+        if value.device != device:
+            value = snapshot[key] = value.to(device)
+        return value
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         return self._store[name]
@@ -54,8 +63,8 @@ class Snapshots:
         params = dict(module.named_parameters())
         live = {key: params[key].detach().clone() for key in snapshot}
         with torch.no_grad():
-            for key, value in snapshot.items():
-                params[key].copy_(value)
+            for key in snapshot:
+                params[key].copy_(self._on_device(snapshot, key, params[key].device))
         try:
             yield module
         finally:
