@@ -18,7 +18,11 @@ def ema_decay(decay: float, updates: int, *, warmup: bool) -> float:
 
 
 class EMACallback(Callback):
-    """Maintains ``snapshots['ema']`` after every optimizer step."""
+    """Maintains ``snapshots['ema']`` after every optimizer step.
+
+    The snapshot is keyed by the adapter's own network (``adapter.module()``), never by a
+    distributed wrapper around it, so its names match what ``use_snapshot`` swaps into.
+    """
 
     def __init__(self, *, decay: float, warmup: bool = True) -> None:
         self.decay = decay
@@ -26,9 +30,9 @@ class EMACallback(Callback):
 
     def on_train_start(self, trainer: BaseTrainer) -> None:
         if EMA_SNAPSHOT not in trainer.adapter.snapshots:
-            trainer.adapter.snapshots.capture(EMA_SNAPSHOT, trainer.model)
+            trainer.adapter.snapshots.capture(EMA_SNAPSHOT, trainer.adapter.module())
 
     def on_step_end(self, trainer: BaseTrainer, metrics: dict[str, float]) -> None:
         decay = ema_decay(self.decay, trainer.progress.optimizer_step, warmup=self.warmup)
-        trainer.adapter.snapshots.ema_update(EMA_SNAPSHOT, trainer.model, decay)
+        trainer.adapter.snapshots.ema_update(EMA_SNAPSHOT, trainer.adapter.module(), decay)
         metrics["ema_decay"] = decay
