@@ -6,6 +6,8 @@ This is the composition root of a stage process: the one core module that opens 
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -21,11 +23,13 @@ from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.registry import trainer_class
-from flowpost.core.trainers.spec import StageSpec
+from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.data.stage_inputs import load_stage_inputs
 from flowpost.errors import FlowpostError
 
 log = get_logger(__name__)
+PR_SET_PDEATHSIG = 1
+PARENT_GONE = 3  # exit code when the orchestrator died before this process could follow it
 
 
 def build_callbacks(config: CallbacksConfig, spec: StageSpec, inputs: StageInputs) -> list[Callback]:
@@ -80,7 +84,27 @@ def run_stage(spec: StageSpec) -> TrainingProgress:
     return trainer.start()
 
 
+def follow_parent() -> bool:
+    """Tie this process's life to the orchestrator named by ``FLOWPOST_PARENT_PID``.
+
+    On Linux, ask for SIGTERM when the parent exits; then check the parent is still the one
+    that started us (it may have died before the request). False means it is gone. Without the
+    variable (a stage started by hand), nothing is done.
+    """
+    expected = os.environ.pop(PARENT_PID_ENV, None)
+    if not expected:
+        return True
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    return os.getppid() == int(expected)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if not follow_parent():
+        print("error: the orchestrating process has exited; not starting the stage", file=sys.stderr)
+        return PARENT_GONE
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m flowpost.core.launch STAGE.json", file=sys.stderr)

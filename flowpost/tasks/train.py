@@ -13,12 +13,11 @@ from typing import Any
 
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.events import read_events
-from flowpost.core.trainers.spec import StageSpec
+from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.errors import FlowpostError
 
 EventHandler = Callable[[dict[str, Any]], None]
 POLL_SECONDS = 0.5
-PR_SET_PDEATHSIG = 1
 
 
 def stage_spec(
@@ -58,11 +57,14 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
     spec_path = out / "stage.json"
     spec.write(spec_path)
     events_path = out / "events.jsonl"
-    seen = len(read_events(events_path))
+    attempt_start = seen = len(read_events(events_path))  # earlier attempts' events stay before this
     log_path = out / "logs" / "rank-0.log"
+    # No preexec_fn: forking with one is unsafe in a threaded parent (Prefect runs tasks in
+    # threads). The stage process ties its life to ours itself (see flowpost.core.launch).
     env = {
         **os.environ,
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(spec)),
+        PARENT_PID_ENV: str(os.getpid()),
     }
     with log_path.open("a") as log_file:
         process = subprocess.Popen(
@@ -71,7 +73,6 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=env,
-            preexec_fn=_die_with_parent,
         )
         try:
             while process.poll() is None:
@@ -87,18 +88,20 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
             f"stage {spec.stage!r}: rank 0 exited with code {process.returncode}; last log lines:\n{tail}",
             where=str(log_path),
         )
-    done = [e for e in read_events(events_path) if e["event"] == "done"]
+    done = [e for e in read_events(events_path)[attempt_start:] if e.get("event") == "done"]
     if not done:
         raise FlowpostError(f"stage {spec.stage!r} exited without a 'done' event", where=str(events_path))
     return done[-1]
 
 
-def _die_with_parent() -> None:
-    """In the child: receive SIGTERM if the orchestrating process dies (Linux), so no rank outlives it."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+def threads_per_process(spec: StageSpec) -> int:
+    """The CPU cores available to this process divided among the stage's processes (at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    processes = int((spec.config.get("launch") or {}).get("num_processes", 1) or 1)
+    return max(1, cores // max(1, processes))
 
 
 def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:

@@ -8,6 +8,8 @@ from typing import Any
 
 from flowpost.core.io import read_json, write_json_atomic
 
+PARENT_PID_ENV = "FLOWPOST_PARENT_PID"  # the orchestrator's pid, for the stage process to follow
+
 
 @dataclass
 class StageSpec:

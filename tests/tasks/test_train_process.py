@@ -1,0 +1,99 @@
+"""How the orchestrator starts a stage process and reads its outcome (no training)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowpost.core.launch import PARENT_GONE
+from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
+from flowpost.errors import FlowpostError
+from flowpost.tasks.train import run_training
+
+
+def _fake_python(tmp_path: Path, *, emit_done: bool) -> Path:
+    """Stands in for the interpreter: records its environment, optionally emits a 'done' event."""
+    script = tmp_path / "fake-python"
+    done = """printf '{"event": "done", "stage": "s", "step": 7}\\n' >> "$dir/events.jsonl"\n"""
+    script.write_text(
+        "#!/bin/sh\n"
+        'dir=$(dirname "$3")\n'
+        'env > "$dir/env.txt"\n' + (done if emit_done else "") + "exit 0\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _spec(out: Path, num_processes: int = 1) -> StageSpec:
+    return StageSpec(
+        stage="s", seed=0, config={"launch": {"num_processes": num_processes}}, output_dir=str(out)
+    )
+
+
+def _stale_events(out: Path) -> None:
+    out.mkdir(parents=True)
+    (out / "events.jsonl").write_text(json.dumps({"event": "done", "stage": "s", "step": 3}) + "\n")
+
+
+def test_a_done_event_from_an_earlier_attempt_does_not_count(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "stage"
+    _stale_events(out)
+    monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path, emit_done=False)))
+    with pytest.raises(FlowpostError, match="without a 'done' event"):
+        run_training(_spec(out))
+
+
+def test_the_done_event_of_this_attempt_is_returned(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "stage"
+    _stale_events(out)
+    monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path, emit_done=True)))
+    assert run_training(_spec(out))["step"] == 7
+
+
+def test_the_stage_gets_the_parent_pid_and_a_thread_share(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path, emit_done=True)))
+    popen = subprocess.Popen
+    seen: dict = {}
+
+    def recording_popen(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.update(kwargs)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
+    run_training(_spec(tmp_path / "stage", num_processes=2))
+    env = dict(
+        line.split("=", 1) for line in (tmp_path / "stage" / "env.txt").read_text().splitlines() if "=" in line
+    )
+    assert env[PARENT_PID_ENV] == str(os.getpid())
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert seen["start_new_session"] is True and seen.get("preexec_fn") is None
+
+
+def _launch(spec_path: Path, parent_pid: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != PARENT_PID_ENV}
+    if parent_pid is not None:
+        env[PARENT_PID_ENV] = parent_pid
+    return subprocess.run(
+        [sys.executable, "-m", "flowpost.core.launch", str(spec_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_stage_whose_orchestrator_is_gone_does_not_start(tmp_path) -> None:
+    missing = tmp_path / "missing.json"
+    orphan = _launch(missing, parent_pid="1" if os.getpid() != 1 else "2")
+    assert orphan.returncode == PARENT_GONE and "orchestrating process has exited" in orphan.stderr
+    followed = _launch(missing, parent_pid=str(os.getpid()))
+    assert followed.returncode == 1 and "stage spec not found" in followed.stderr
+    by_hand = _launch(missing, parent_pid=None)
+    assert by_hand.returncode == 1
