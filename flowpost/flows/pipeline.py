@@ -27,6 +27,25 @@ def progress_bar(done: int, total: int, width: int = 24) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
+def submission_plan(nodes: dict[str, Any]) -> dict[str, list[str]]:
+    """Node id -> the nodes its task waits for, in submission order.
+
+    Each node waits for its dependencies; a heavy node (train, eval) also waits for the heavy
+    node submitted before it, so at most one heavy node runs at a time while light nodes still
+    run concurrently.
+    """
+    plan: dict[str, list[str]] = {}
+    previous_heavy: str | None = None
+    for node_id, node in nodes.items():
+        waits = list(node.deps)
+        if node.kind in HEAVY_KINDS:
+            if previous_heavy is not None and previous_heavy not in waits:
+                waits.append(previous_heavy)
+            previous_heavy = node_id
+        plan[node_id] = waits
+    return plan
+
+
 def _artifact_key(node_id: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in node_id.lower())
 
@@ -73,18 +92,19 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
 def pipeline_flow(
     pipeline: dict[str, Any], workspace: str, refresh: bool = False, resume: bool = True
 ) -> list[NodeResult]:
-    """Run every node of ``pipeline`` in ``workspace``; light nodes run concurrently.
+    """Run every node of ``pipeline`` in ``workspace``; light nodes run concurrently, heavy ones in turn.
 
     When a node fails, nodes downstream of it do not run and the flow fails with that node's message.
     """
     run = PipelineRun(validate_pipeline(pipeline), workspace)
     futures: dict[str, Any] = {}
-    for node_id, node in run.nodes.items():
+    for node_id, waits in submission_plan(run.nodes).items():
+        node = run.nodes[node_id]
         tags = ["flowpost", f"flowpost-{node.kind}"] + (
             ["flowpost-heavy"] if node.kind in HEAVY_KINDS else []
         )
         futures[node_id] = run_node.with_options(name=node_id, tags=tags).submit(
-            run, node_id, refresh, resume, wait_for=[futures[dep] for dep in node.deps]
+            run, node_id, refresh, resume, wait_for=[futures[dep] for dep in waits]
         )
     for future in futures.values():
         future.wait()
