@@ -16,11 +16,13 @@ from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import TrackingCallback
 from flowpost.core.callbacks.validation import ValidationCallback
-from flowpost.core.config.schema import CallbacksConfig, StageConfig
+from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConfig
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import NULL_PROMPT, ModelAdapter
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.progress import TrainingProgress
+from flowpost.core.rewards.combine import WeightedRewards
+from flowpost.core.rewards.registry import build_reward, reward_parameters
 from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.registry import trainer_class
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
@@ -72,6 +74,22 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     return adapter
 
 
+def build_rewards(
+    configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs
+) -> WeightedRewards | None:
+    """The stage's weighted reward sum; scorers that take ``assets_dir`` get the dataset's assets."""
+    if not configs:
+        return None
+    components = []
+    for i, config in enumerate(configs):
+        where = f"stages.{spec.stage}.rewards.{i}"
+        options = dict(config.options)
+        if inputs.assets_dir is not None and "assets_dir" in reward_parameters(config.name, where=where):
+            options.setdefault("assets_dir", inputs.assets_dir)
+        components.append((build_reward(config.name, options=options, where=where), config.weight))
+    return WeightedRewards(components, where=f"stages.{spec.stage}.rewards")
+
+
 def run_stage(spec: StageSpec) -> TrainingProgress:
     """Validate, build and run one stage in this process."""
     stage = StageConfig.model_validate(spec.config)
@@ -80,7 +98,15 @@ def run_stage(spec: StageSpec) -> TrainingProgress:
     inputs = load_stage_inputs(spec)
     adapter = build_adapter(stage, spec)
     callbacks = build_callbacks(stage.callbacks, spec, inputs)
-    trainer = trainer_cls(spec=spec, args=args, adapter=adapter, inputs=inputs, callbacks=callbacks)
+    trainer = trainer_cls(
+        spec=spec,
+        args=args,
+        adapter=adapter,
+        inputs=inputs,
+        callbacks=callbacks,
+        sampling=stage.sampling,
+        rewards=build_rewards(stage.rewards, spec, inputs),
+    )
     return trainer.start()
 
 

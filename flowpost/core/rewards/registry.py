@@ -18,16 +18,25 @@ REWARDS: dict[str, str] = {
 }
 
 
+def _reward_class(name: str, where: str) -> type:
+    if name not in REWARDS:
+        known = ", ".join(sorted(REWARDS))
+        raise FlowpostError(f"unknown reward {name!r}; known rewards: {known}", where=where)
+    module, _, attr = REWARDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def reward_parameters(name: str, *, where: str) -> list[str]:
+    """Names of the options the reward registered as ``name`` accepts."""
+    return list(inspect.signature(_reward_class(name, where)).parameters)
+
+
 def build_reward(name: str, *, options: dict[str, Any], where: str) -> Reward:
     """Import the reward registered as ``name`` and construct it with ``options``.
 
     ``where`` is the config path of this reward entry, used in error messages.
     """
-    if name not in REWARDS:
-        known = ", ".join(sorted(REWARDS))
-        raise FlowpostError(f"unknown reward {name!r}; known rewards: {known}", where=where)
-    module, _, attr = REWARDS[name].partition(":")
-    reward_class = getattr(importlib.import_module(module), attr)
+    reward_class = _reward_class(name, where)
     signature = inspect.signature(reward_class)
     try:
         signature.bind(**options)

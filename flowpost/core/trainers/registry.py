@@ -13,9 +13,11 @@ if TYPE_CHECKING:
 
 TRAINERS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTTrainer",
+    "grpo": "flowpost.core.trainers.rl.grpo:GRPOTrainer",
 }
 ARGUMENTS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTArguments",
+    "grpo": "flowpost.core.trainers.rl.grpo:GRPOArguments",
 }
 
 

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from flowpost.core.config.schema import CallbacksConfig
+from flowpost.core.config.schema import CallbacksConfig, RewardConfig, SamplingConfig
 from flowpost.core.io import write_json_atomic
-from flowpost.core.launch import build_callbacks
+from flowpost.core.launch import build_callbacks, build_rewards
 from flowpost.core.models.base import ConditionBatch
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
-from flowpost.core.trainers.offline.sft import SFTArguments, SFTTrainer
+from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.offline.sft import SFTTrainer
+from flowpost.core.trainers.registry import TRAINERS, arguments_class, trainer_class
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import update_condition_cache
 from flowpost.data.records import Demonstration
@@ -52,19 +54,31 @@ def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "data", root / "conditions"
 
 
+def _registered_name(cls: type) -> str:
+    """The registry name of ``cls`` or of the registered trainer it extends."""
+    registered = {trainer_class(name): name for name in TRAINERS}
+    return next(registered[base] for base in cls.__mro__ if base in registered)
+
+
 @pytest.fixture
 def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
-    """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, lora_rank=None, **train_args)``."""
+    """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, lora_rank=None, **train_args)``.
+
+    Any trainer class works; generation trainers also take ``sampling={...}`` and ``rewards=[...]``
+    (reward config entries).
+    """
 
     def make(
         out: Path,
         *,
-        cls: type[SFTTrainer] = SFTTrainer,
+        cls: type[BaseTrainer] = SFTTrainer,
         resume: bool = True,
         callbacks: dict[str, Any] | None = None,
         lora_rank: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        rewards: list[dict[str, Any]] | None = None,
         **args: Any,
-    ) -> SFTTrainer:
+    ) -> BaseTrainer:
         dataset_dir, conditions_dir = data_dirs
         spec = StageSpec(
             stage="sft",
@@ -76,7 +90,9 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             encoder_fingerprint=FINGERPRINT,
             resume=resume,
         )
-        arguments = SFTArguments(**{"batch_size": 4, "lr": 1e-3, **args})
+        name = _registered_name(cls)
+        defaults = {"lr": 1e-3, **({"batch_size": 4} if name == "sft" else {})}
+        arguments = arguments_class(name).model_validate({**defaults, **args})
         inputs = load_stage_inputs(spec)
         adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
         if lora_rank is not None:
@@ -87,6 +103,8 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             adapter=adapter,
             inputs=inputs,
             callbacks=build_callbacks(CallbacksConfig.model_validate(callbacks or {}), spec, inputs),
+            sampling=SamplingConfig.model_validate(sampling or {}),
+            rewards=build_rewards([RewardConfig.model_validate(r) for r in rewards or []], spec, inputs),
         )
 
     return make

@@ -1,0 +1,1 @@
+"""Online trainers: generate with the policy, score with rewards, optimize."""

@@ -1,0 +1,142 @@
+"""Flow-GRPO: PPO-clip on the SDE steps of a rollout, optional KL to a frozen reference."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.models.base import NULL_PROMPT, ConditionState
+from flowpost.core.noise import addressed_generator
+from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, sde_step
+from flowpost.core.trainers.arguments import OnlineArguments
+from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.rl.rollout import Rollout
+
+REFERENCE = "ref"
+
+
+class GRPOArguments(OnlineArguments):
+    """``train:`` of a GRPO stage."""
+
+    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
+    paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
+
+    clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip epsilon")
+    kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
+    kl_space: Literal["x", "v"] = Field(
+        "x", description="x: Gaussian KL of transition means; v: velocity MSE"
+    )
+    inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
+
+
+def ppo_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float) -> Tensor:
+    """``mean(max(-A * r, -A * clip(r, 1 - eps, 1 + eps)))`` with ``r = exp(log_prob - old_log_prob)``."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    return torch.maximum(unclipped, clipped).mean()
+
+
+class GRPOTrainer(BaseTrainer):
+    """Replays every stored SDE step of a rollout under the current policy and applies PPO-clip."""
+
+    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
+    paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
+    args: GRPOArguments
+
+    def setup(self) -> None:
+        if self.args.kl_beta > 0:
+            self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+
+    def sample(self) -> Rollout:
+        return self.generate_samples()
+
+    def optimize(self, samples: Rollout) -> None:
+        args = self.args
+        local_batch = max(args.train_batch_size // self.accelerator.num_processes, 1)
+        accum = args.gradient_accumulation_steps
+        for epoch in range(args.inner_epochs):
+            generator = addressed_generator(
+                self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle"
+            )
+            order = torch.randperm(len(samples), generator=generator).tolist()
+            batches = [order[i : i + local_batch] for i in range(0, len(order), local_batch)]
+            usable = len(batches) - len(batches) % accum or len(batches)
+            sums: dict[str, float] = {}
+            for number, rows in enumerate(batches[:usable]):
+                for key, value in self.replay_loss(samples.select(rows), scale=1.0 / accum).items():
+                    sums[key] = sums.get(key, 0.0) + value / accum
+                if (number + 1) % accum == 0 or number + 1 == usable:
+                    self._unit_metrics |= self.step_optimizer(sums)
+                    sums = {}
+
+    def _condition_states(self, batch: Rollout) -> tuple[ConditionState, ConditionState | None]:
+        device = self.accelerator.device
+        state = self.adapter.prepare_condition_state(batch.conditions.to(device))
+        if self.sampling.guidance == 1.0:
+            return state, None
+        null = self.inputs.require("conditions", where=f"stages.{self.stage}.data").lookup(
+            [NULL_PROMPT] * len(batch)
+        )
+        return state, self.adapter.prepare_condition_state(null.to(device))
+
+    def _replay_step(
+        self, batch: Rollout, i: int, state: ConditionState, negative: ConditionState | None
+    ) -> tuple[Tensor, StepOutput]:
+        """The current policy's velocity and transition at stored step ``i``, scoring stored ``x_{j+1}``."""
+        sampling, device = self.sampling, self.accelerator.device
+        x = batch.latents[:, i].to(device)
+        velocity = self.adapter.forward(
+            x, batch.sigmas[i], state, guidance=sampling.guidance, negative=negative
+        )
+        out = sde_step(
+            sampling.dynamics,
+            velocity,
+            x,
+            batch.sigmas[i],
+            batch.sigmas_next[i],
+            noise_level=sampling.noise_level,
+            prev_sample=batch.next_latents[:, i].to(device),
+        )
+        return velocity, out
+
+    @torch.no_grad()
+    def replay_log_probs(self, batch: Rollout) -> Tensor:
+        """[B, steps] log-probabilities of the stored transitions under the current weights."""
+        state, negative = self._condition_states(batch)
+        return torch.stack(
+            [self._replay_step(batch, i, state, negative)[1].log_prob for i in range(len(batch.steps))], 1
+        )
+
+    def replay_loss(self, batch: Rollout, *, scale: float) -> dict[str, float]:
+        """Backpropagate the GRPO loss of one micro-batch over its stored steps; return metrics."""
+        assert batch.advantages is not None
+        args, device = self.args, self.accelerator.device
+        state, negative = self._condition_states(batch)
+        advantages = batch.advantages.to(device).float()
+        steps = len(batch.steps)
+        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        for i in range(steps):
+            old = batch.log_probs[:, i].to(device)
+            if args.kl_beta > 0:
+                with torch.no_grad(), self.adapter.use_snapshot(REFERENCE):
+                    v_ref, ref = self._replay_step(batch, i, state, negative)
+            velocity, out = self._replay_step(batch, i, state, negative)
+            policy = ppo_clip_loss(out.log_prob, old, advantages, args.clip_range)
+            kl = torch.zeros((), device=device)
+            if args.kl_beta > 0 and args.kl_space == "x":
+                kl = gaussian_kl_mean(out.mean, ref.mean, out.std).mean()
+            elif args.kl_beta > 0:
+                kl = (velocity.float() - v_ref.float()).pow(2).flatten(1).mean(1).mean()
+            loss = policy + args.kl_beta * kl
+            self.backward(loss * scale / steps)
+            ratio = torch.exp(out.log_prob.detach() - old)
+            totals["loss"] += float(loss.detach()) / steps
+            totals["policy_loss"] += float(policy.detach()) / steps
+            totals["kl"] += float(kl.detach()) / steps
+            totals["clip_fraction"] += float(((ratio - 1).abs() > args.clip_range).float().mean()) / steps
+        return totals

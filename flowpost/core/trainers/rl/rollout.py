@@ -1,0 +1,94 @@
+"""Rollouts: SDE steps inside a window (stored for replay), ODE steps elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from flowpost.core.models.base import ConditionBatch, ConditionState, ModelAdapter
+from flowpost.core.sampling.ode import euler_step
+from flowpost.core.sampling.sde import sde_step
+
+
+@dataclass
+class Rollout:
+    """One iteration's samples on this rank, with what replay needs for the trained steps.
+
+    ``latents[:, i]`` is ``x_j`` and ``next_latents[:, i]`` is ``x_{j+1}`` for the ``i``-th stored
+    step ``j = steps[i]``, sampled at ``sigmas[i] -> sigmas_next[i]``; ``log_probs[:, i]`` its
+    rollout log-density and ``means[:, i]`` its rollout transition mean.
+    """
+
+    prompts: list[str]
+    metadata: list[dict[str, Any]]
+    group_ids: Tensor
+    indices: Tensor
+    conditions: ConditionBatch
+    final: Tensor
+    steps: Tensor
+    sigmas: Tensor
+    sigmas_next: Tensor
+    latents: Tensor
+    next_latents: Tensor
+    log_probs: Tensor
+    means: Tensor
+    rewards: Tensor | None = None
+    advantages: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, rows: list[int]) -> Rollout:
+        """The rollout restricted to ``rows`` (a training micro-batch)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        shared = {"steps", "sigmas", "sigmas_next"}
+        picked: dict[str, Any] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name in shared or value is None:
+                continue
+            if isinstance(value, list):
+                picked[field.name] = [value[r] for r in rows]
+            elif isinstance(value, ConditionBatch):
+                picked[field.name] = value.index(index)
+            else:
+                picked[field.name] = value[index]
+        return replace(self, **picked)
+
+
+@torch.no_grad()
+def sample_trajectory(
+    adapter: ModelAdapter,
+    noise: Tensor,
+    state: ConditionState,
+    sigmas: Tensor,
+    *,
+    window: range,
+    step_noise: dict[int, Tensor],
+    dynamics: str,
+    noise_level: float,
+    guidance: float = 1.0,
+    negative: ConditionState | None = None,
+) -> dict[str, Tensor]:
+    """Integrate from ``noise``; steps in ``window`` use ``dynamics`` (noise ``step_noise[j]``), stored."""
+    x = noise
+    stored: dict[str, list[Tensor]] = {"latents": [], "next_latents": [], "log_probs": [], "means": []}
+    for j in range(len(sigmas) - 1):
+        velocity = adapter.forward(x, sigmas[j], state, guidance=guidance, negative=negative)
+        if j in window:
+            out = sde_step(
+                dynamics, velocity, x, sigmas[j], sigmas[j + 1], noise_level=noise_level, noise=step_noise[j]
+            )
+            stored["latents"].append(x)
+            stored["next_latents"].append(out.prev_sample)
+            stored["log_probs"].append(out.log_prob)
+            stored["means"].append(out.mean)
+            x = out.prev_sample
+        else:
+            x = euler_step(velocity, x, sigmas[j], sigmas[j + 1])
+    result = {key: torch.stack(values, dim=1) for key, values in stored.items()}
+    result["final"] = x
+    return result
