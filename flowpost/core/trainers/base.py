@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from flowpost.core.advantages import advantage_metrics, group_advantages
 from flowpost.core.callbacks.base import Callback, CallbackList
 from flowpost.core.checkpoint import (
     TrainingState,
@@ -24,16 +23,13 @@ from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Pa
 from flowpost.core.events import EventLog
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
-from flowpost.core.models.base import NULL_PROMPT, ModelAdapter
-from flowpost.core.noise import addressed_generator, addressed_randn
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
-from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.generation import GenerationMixin
 from flowpost.core.trainers.inputs import BatchLoader, StageInputs
 from flowpost.core.trainers.registry import check_contracts
-from flowpost.core.trainers.rl.groups import plan_groups
-from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
 
@@ -41,7 +37,7 @@ log = get_logger(__name__)
 _HOOKS = ("sample", "optimize", "optimize_batch")
 
 
-class BaseTrainer(ABC):
+class BaseTrainer(GenerationMixin, ABC):
     """Owns seeding, resume, the acquisition loop, the optimizer, cadences and callbacks.
 
     A concrete trainer declares ``execution_contract`` and ``paradigm`` (equal to its arguments
@@ -243,107 +239,6 @@ class BaseTrainer(ABC):
             self.events.emit("step", step=done, max_steps=budget, metrics=metrics)
         if self.args.checkpoint_every and done % self.args.checkpoint_every == 0:
             self.save_checkpoint()
-
-    # -- generation -------------------------------------------------------------------------------
-    def rollout_window(self, iteration: int) -> range:
-        """The steps sampled with SDE dynamics (and stored for training) in ``iteration``."""
-        sampling = self.sampling
-        size = sampling.window or sampling.steps - 1
-        low, high = sampling.window_start or (0, 0 if sampling.window is None else sampling.steps - 1 - size)
-        generator = addressed_generator(self.spec.seed, self.stage, iteration, 0, "window")
-        start = int(torch.randint(low, high + 1, (1,), generator=generator))
-        return range(start, start + size)
-
-    def generate_samples(self) -> Rollout:
-        """This rank's share of one iteration: K-repeat groups, addressed noise, SDE inside the window."""
-        args, sampling = self.args, self.sampling
-        where = f"stages.{self.stage}.data"
-        conditions = self.inputs.require("conditions", where=where)
-        pool = self.inputs.require("prompts", where=where)
-        iteration = self.progress.rollout_iteration
-        plan = plan_groups(
-            len(pool),
-            prompts=args.prompts_per_iteration,
-            group_size=args.group_size,  # type: ignore[attr-defined]
-            seed=self.spec.seed,
-            stage=self.stage,
-            iteration=iteration,
-        )
-        indices = list(plan.rank_slice(self.accelerator.process_index, self.accelerator.num_processes))
-        prompts = [pool[plan.prompt_rows[k]][0] for k in indices]
-        group_ids = [plan.group_ids[k] for k in indices]
-        metadata = [{**pool[plan.prompt_rows[k]][1], "group_id": plan.group_ids[k]} for k in indices]
-        address = {"seed": self.spec.seed, "stage": self.stage, "step": iteration}
-        shape = self.adapter.latent_shape
-        device = self.accelerator.device
-        noise = addressed_randn(
-            shape, indices=group_ids if sampling.same_group_noise else indices, purpose="initial", **address
-        ).to(device)
-        window = self.rollout_window(iteration)
-        step_noise = {
-            j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device)
-            for j in window
-        }
-        sigmas = inference_sigmas(sampling.steps, shift=self.adapter.shift)
-        batch = conditions.lookup(prompts).to(device)
-        null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
-        local = args.rollout_batch_size // self.accelerator.num_processes  # type: ignore[attr-defined]
-        parts = []
-        for start in range(0, len(indices), max(local, 1)):
-            rows = list(range(start, min(start + local, len(indices))))
-            state = self.adapter.prepare_condition_state(batch.index(rows))
-            negative = (
-                self.adapter.prepare_condition_state(null.index([0] * len(rows)))
-                if null is not None
-                else None
-            )
-            parts.append(
-                sample_trajectory(
-                    self.adapter,
-                    noise[rows],
-                    state,
-                    sigmas,
-                    window=window,
-                    step_noise={j: n[rows] for j, n in step_noise.items()},
-                    dynamics=sampling.dynamics,
-                    noise_level=sampling.noise_level,
-                    guidance=sampling.guidance,
-                    negative=negative,
-                )
-            )
-        traj = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-        steps = torch.tensor(list(window))
-        return Rollout(
-            prompts=prompts,
-            metadata=metadata,
-            group_ids=torch.tensor(group_ids),
-            indices=torch.tensor(indices),
-            conditions=batch,
-            steps=steps,
-            sigmas=sigmas[steps],
-            sigmas_next=sigmas[steps + 1],
-            **traj,
-        )
-
-    def score(self, rollout: Rollout) -> dict[str, float]:
-        """Rewards of this rank's samples, advantages over the gathered (all-rank) groups."""
-        assert self.rewards is not None
-        output = self.rewards(self.adapter.decode(rollout.final).cpu(), rollout.prompts, rollout.metadata)
-        device = self.accelerator.device
-        rewards = self.accelerator.gather(output.total.to(device)).cpu()
-        groups = self.accelerator.gather(rollout.group_ids.to(device)).cpu()
-        args = self.args
-        advantages = group_advantages(
-            rewards,
-            groups,
-            std=args.advantage_std,
-            clip=args.advantage_clip,  # type: ignore[attr-defined]
-        )
-        start = self.accelerator.process_index * len(rollout)
-        rollout.rewards = output.total
-        rollout.advantages = advantages[start : start + len(rollout)]
-        stats = advantage_metrics(rewards, groups, advantages, clip=args.advantage_clip)  # type: ignore[attr-defined]
-        return self.rewards.metrics(output) | {f"advantage/{key}": value for key, value in stats.items()}
 
     # -- addressing ------------------------------------------------------------------------------
     def sample_indices(self, local_batch_size: int) -> list[int]:
