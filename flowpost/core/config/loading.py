@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.config.schema import PipelineConfig, StageConfig
+from flowpost.core.contracts import ExecutionContract, Feedback
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
@@ -44,6 +45,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         text = path.read_text()
     except FileNotFoundError:
         raise FlowpostError("pipeline file not found; check the path", where=str(path)) from None
+    except IsADirectoryError:
+        raise FlowpostError("this is a folder; give the pipeline YAML file", where=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlowpostError(f"cannot read the pipeline file: {exc}", where=str(path)) from None
     try:
         data = _parse(text)
     except yaml.YAMLError as exc:
@@ -95,12 +100,38 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         raise FlowpostError(_format_errors(exc, prefix=""), where=source) from None
     for name, stage in pipeline.stages.items():
         try:
-            stage.train = stage.arguments(where=f"stages.{name}.trainer").model_dump(mode="json")
+            arguments = stage.arguments(where=f"stages.{name}.trainer")
         except ValidationError as exc:
             raise FlowpostError(_format_errors(exc, prefix=f"stages.{name}.train."), where=source) from None
         except FlowpostError as exc:
             raise FlowpostError(str(exc), where=source) from None
+        stage.train = arguments.model_dump(mode="json")
+        problems = _stage_problems(name, stage, arguments.execution_contract)
+        if problems:
+            raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     return pipeline
+
+
+def _stage_problems(name: str, stage: StageConfig, contract: ExecutionContract) -> list[str]:
+    """What a stage lacks for its trainer's contract, or names that no registry knows."""
+    from flowpost.core.models.registry import FAMILIES
+    from flowpost.core.rewards.registry import REWARDS
+
+    problems = []
+    if stage.model.family not in FAMILIES:
+        problems.append(
+            f"stages.{name}.model.family: unknown family {stage.model.family!r}; known: {', '.join(sorted(FAMILIES))}"
+        )
+    if stage.data is None:
+        problems.append(f"stages.{name}.data: trainer {stage.trainer!r} needs {{dataset, conditions}}")
+    if contract.feedback is Feedback.RUNTIME_REWARD and not stage.rewards:
+        problems.append(f"stages.{name}.rewards: trainer {stage.trainer!r} needs at least one reward")
+    for i, reward in enumerate(stage.rewards):
+        if reward.name not in REWARDS:
+            problems.append(
+                f"stages.{name}.rewards.{i}.name: unknown reward {reward.name!r}; known: {', '.join(sorted(REWARDS))}"
+            )
+    return problems
 
 
 def load_pipeline(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from flowpost.core.config.base import StrictModel
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.registry import arguments_class
 
-Name = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
+Name = Field(pattern=NAME_PATTERN)
+Key = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
 class DatasetConfig(StrictModel):
     """How to acquire one dataset."""
 
     source: Literal["builtin-digits"]
-    image_size: int = Field(16, ge=8, le=64)
+    image_size: int = Field(16, ge=8, le=64, multiple_of=4)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = 0
 
@@ -43,6 +45,9 @@ class ModelConfig(StrictModel):
 
     family: str = "tiny-sd3"
     init: str = Field("scratch", description="'scratch' or the name of an earlier stage")
+    init_weights: Literal["ema", "live"] = Field(
+        "ema", description="which weights of that stage; ema falls back to live"
+    )
     shift: float = Field(1.0, gt=0, description="flow-matching sigma shift")
     transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
     lora: LoraConfig | None = None
@@ -85,6 +90,14 @@ class LaunchConfig(StrictModel):
     num_processes: int = Field(1, ge=1)
     backend: Literal["ddp", "fsdp2", "deepspeed-zero2"] = "ddp"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+
+    @model_validator(mode="after")
+    def _single_process_for_now(self) -> LaunchConfig:
+        if self.num_processes != 1:
+            raise ValueError("multi-process launch is not available in this version; set num_processes: 1")
+        if self.mixed_precision != "no":
+            raise ValueError("mixed precision is not available in this version; set mixed_precision: 'no'")
+        return self
 
 
 class SamplingConfig(StrictModel):
@@ -159,7 +172,7 @@ class EvaluateConfig(StrictModel):
         None, description="held-out prompts, real images, judge; default: first dataset"
     )
     conditions: str | None = Field(None, description="condition cache of the prompts; default: first one")
-    samples: int = Field(500, ge=1)
+    samples: int = Field(500, ge=2, description="at least 2: the Frechet distance needs a covariance")
     steps: int = Field(20, ge=1)
     guidance: float = Field(1.0, ge=0)
     seed: int = 1234
@@ -178,9 +191,9 @@ class PipelineConfig(StrictModel):
     name: str = Name
     seed: int = 0
     smoke: bool = False
-    datasets: dict[str, DatasetConfig] = Field(min_length=1)
-    conditions: dict[str, ConditionsConfig] = Field(default_factory=dict)
-    stages: dict[str, StageConfig] = Field(min_length=1)
+    datasets: dict[Key, DatasetConfig] = Field(min_length=1)
+    conditions: dict[Key, ConditionsConfig] = Field(default_factory=dict)
+    stages: dict[Key, StageConfig] = Field(min_length=1)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     export: ExportConfig | None = None
 
@@ -199,6 +212,15 @@ class PipelineConfig(StrictModel):
                         (
                             f"stages.{name}.data.dataset",
                             _unknown("dataset", stage.data.dataset, self.datasets),
+                        )
+                    )
+                covered = self.conditions.get(stage.data.conditions)
+                if covered is not None and stage.data.dataset not in covered.datasets:
+                    errors.append(
+                        (
+                            f"stages.{name}.data.conditions",
+                            f"cache {stage.data.conditions!r} does not encode dataset {stage.data.dataset!r}; "
+                            f"add it to conditions.{stage.data.conditions}.datasets",
                         )
                     )
                 if stage.data.conditions not in self.conditions:

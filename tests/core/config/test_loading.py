@@ -185,10 +185,48 @@ def test_stage_init_may_name_only_earlier_stage(tmp_path: Path) -> None:
 # -- trainers -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("override", "path"),
+    [
+        ("stages.sft.launch.num_processes=2", "stages.sft.launch"),
+        ("stages.sft.model.family=nope", "stages.sft.model.family"),
+        ("evaluate.samples=1", "evaluate.samples"),
+        ("datasets.digits.image_size=10", "datasets.digits.image_size"),
+        ("stages.sft.model.init_weights=best", "stages.sft.model.init_weights"),
+        ("stages.sft.data=null", "stages.sft.data"),
+    ],
+)
+def test_settings_that_would_fail_later_are_rejected_up_front(override: str, path: str) -> None:
+    assert path in _error([override])
+
+
+def test_stage_names_must_be_plain_identifiers(tmp_path: Path) -> None:
+    config = yaml.safe_load(default_pipeline_path().read_text())
+    config["stages"]["../evil"] = config["stages"].pop("sft")
+    config["evaluate"]["after"] = []
+    config.pop("export")
+    with pytest.raises(FlowpostError, match=r"stages\.\.\./evil"):
+        validate_pipeline(config, source="x.yaml")
+
+
+def test_a_grpo_stage_needs_a_known_reward() -> None:
+    grpo = "stages.grpo.{}"
+    base = [
+        grpo.format("trainer=grpo"),
+        grpo.format("model.init=sft"),
+        grpo.format("data.dataset=digits"),
+        grpo.format("data.conditions=minilm"),
+    ]
+    assert "stages.grpo.rewards: trainer 'grpo' needs at least one reward" in _error(base)
+    assert "stages.grpo.rewards.0.name" in _error([*base, "stages.grpo.rewards=[{name: nope}]"])
+
+
 def test_unknown_trainer_names_trainer_and_known_ones() -> None:
     message = _error(["stages.sft.trainer=grpoo"])
     assert "'grpoo'" in message
-    assert "known trainers: sft" in message
+    from flowpost.core.trainers.registry import TRAINERS
+
+    assert f"known trainers: {', '.join(sorted(TRAINERS))}" in message
 
 
 def test_unknown_trainer_names_the_stage_path() -> None:
