@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from flowpost.core.io import read_json, sha256_file, write_bytes_atomic, write_json_atomic
+from flowpost.core.seeding import seeded
 from flowpost.errors import FlowpostError
 
 RERUN_HINT = "re-run data acquisition to retrain the classifiers"
@@ -93,8 +94,7 @@ def train_classifier(
     """
     images = images.float()
     labels = labels.long()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         model = DigitClassifier(width=width, image_size=int(images.shape[-1]))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)

@@ -15,6 +15,7 @@ from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE, ConditionBatch, ConditionState, ModelAdapter
 from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, has_lora, merged_copy
 from flowpost.core.roles import Snapshots
+from flowpost.core.seeding import seeded
 
 TRANSFORMER_DEFAULTS: dict[str, Any] = {
     "sample_size": 16,
@@ -71,8 +72,7 @@ class TinySD3Adapter(ModelAdapter):
         from diffusers import SD3Transformer2DModel
 
         config = {**TRANSFORMER_DEFAULTS, **(overrides or {})}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):
             transformer = SD3Transformer2DModel(**config)
         return cls(transformer, shift=shift)
 
