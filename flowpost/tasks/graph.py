@@ -71,9 +71,11 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 "train",
                 name,
                 tuple(deps),
-                {**common, **stage.model_dump(mode="json")},
+                {**common, **_train_config(stage.model_dump(mode="json"))},
             )
         )
+    evaluate = p.evaluate.model_dump(mode="json")
+    evaluate.pop("after")  # which other stages are evaluated does not change this one's result
     for name in p.evaluate.after:
         deps = [
             f"train.{name}",
@@ -86,7 +88,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 "eval",
                 name,
                 tuple(deps),
-                {**common, **p.evaluate.model_dump(mode="json")},
+                {**common, **evaluate},
             )
         )
     if p.export is not None:
@@ -108,6 +110,13 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     report_deps = tuple(f"eval.{name}" for name in p.evaluate.after) + (("export",) if p.export else ())
     nodes.append(Node("report", "report", "report", report_deps, {**common, "name": p.name}))
     return nodes
+
+
+def _train_config(stage: dict[str, Any]) -> dict[str, Any]:
+    """A stage's config as its fingerprint sees it: trackers only log, so they are left out."""
+    callbacks = dict(stage.get("callbacks") or {})
+    callbacks.pop("trackers", None)
+    return {**stage, "callbacks": callbacks}
 
 
 @cache
