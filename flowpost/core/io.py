@@ -66,6 +66,8 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
 def atomic_directory(final: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``final`` by rename.
 
+    An existing ``final`` is first renamed aside, the new directory is renamed in, and only
+    then is the old one deleted: at every moment one complete version is in place or aside.
     On failure the temporary directory is removed and ``final`` is left as it was.
     """
     final = Path(final)
@@ -73,9 +75,18 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     try:
         yield tmp
+        old = None
         if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
+            os.replace(final, old)  # an empty directory is replaced by rename
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            if old is not None:
+                os.replace(old, final)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
