@@ -76,13 +76,14 @@ def stage(
     pipeline: Annotated[Path | None, typer.Option("--pipeline", "-p")] = None,
     workspace: WorkspaceOpt = Path("workspace"),
     set_: SetOpt = None,
+    smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
     refresh: Annotated[bool, typer.Option("--refresh")] = False,
     resume: Annotated[bool, typer.Option("--resume/--no-resume")] = True,
 ) -> None:
     """Run one node without Prefect (its inputs must have completed)."""
     from flowpost.tasks.runner import PipelineRun
 
-    run_ = PipelineRun(_load(pipeline, set_), workspace)
+    run_ = PipelineRun(_load(pipeline, set_, smoke=smoke), workspace)
     result = run_.execute(node, refresh=refresh, resume=resume, on_event=_print_event)
     if node == "report":
         run_.publish_report()
