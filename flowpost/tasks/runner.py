@@ -15,7 +15,7 @@ from typing import Any
 
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
-from flowpost.core.io import read_json, write_json_atomic
+from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
@@ -157,7 +157,7 @@ class PipelineRun:
         if not self.is_complete("report"):
             return None
         for name in ("metrics.json", "report.md"):
-            shutil.copyfile(self.path("report") / name, self.workspace / name)
+            write_bytes_atomic(self.workspace / name, (self.path("report") / name).read_bytes())
         return self.workspace / "metrics.json"
 
     def _init_weights(self, stage: str) -> Path:

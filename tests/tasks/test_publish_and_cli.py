@@ -1,0 +1,51 @@
+"""The workspace-root report is replaced atomically; ``flowpost stage --smoke`` applies the profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flowpost.core.config.loading import validate_pipeline
+from flowpost.tasks.runner import COMPLETE, PipelineRun
+
+
+def test_publish_report_replaces_the_root_files_by_rename(tmp_path: Path, tiny_pipeline) -> None:
+    run = PipelineRun(validate_pipeline(tiny_pipeline()), tmp_path)
+    report = run.path("report")
+    report.mkdir(parents=True)
+    (report / "metrics.json").write_text(json.dumps({"sft": {"step": 3}}))
+    (report / "report.md").write_text("# new\n")
+    (report / COMPLETE).write_text("{}")
+    old = tmp_path / "metrics.json"
+    old.write_text(json.dumps({"sft": {"step": 1}}))
+    with old.open() as reader:  # a reader of the previous file keeps reading a complete version
+        assert run.publish_report() == old
+        assert json.loads(reader.read()) == {"sft": {"step": 1}}
+    assert json.loads(old.read_text()) == {"sft": {"step": 3}}
+    assert (tmp_path / "report.md").read_text() == "# new\n"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_stage_command_accepts_smoke(tmp_path: Path, monkeypatch) -> None:
+    import flowpost.tasks.runner as runner
+    from flowpost.cli import app
+
+    seen = {}
+
+    class FakeRun:
+        def __init__(self, pipeline, workspace) -> None:  # noqa: ANN001
+            seen["smoke"] = pipeline.smoke
+
+        def execute(self, node, **kwargs):  # noqa: ANN001, ANN003, ANN201
+            from types import SimpleNamespace
+
+            return SimpleNamespace(node=node, status="ran", path=tmp_path)
+
+    monkeypatch.setattr(runner, "PipelineRun", FakeRun)
+    result = CliRunner().invoke(app, ["stage", "acquire.digits", "--smoke", "-w", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert seen["smoke"] is True
+    result = CliRunner().invoke(app, ["stage", "acquire.digits", "-w", str(tmp_path)])
+    assert result.exit_code == 0 and seen["smoke"] is False
