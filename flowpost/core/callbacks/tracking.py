@@ -37,7 +37,8 @@ class DVCLiveTracker:
     def __init__(self, log_dir: Path) -> None:
         from dvclive import Live
 
-        self.live = Live(str(log_dir), save_dvc_exp=False, dvcyaml=None, report=None)
+        # resume: a stage restarted from a checkpoint appends to its history instead of wiping it
+        self.live = Live(str(log_dir), resume=True, save_dvc_exp=False, dvcyaml=None, report=None)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.live.step = step
@@ -81,7 +82,10 @@ def build_tracker(kind: str, log_dir: Path, *, name: str) -> Tracker:
 
 
 class TrackingCallback(Callback):
-    """Logs each step's metrics (at ``log_every``) to every configured tracker, rank 0 only."""
+    """Logs step metrics to every configured tracker, rank 0 only.
+
+    Same cadence as the step events: every ``log_every`` steps and at the final step.
+    """
 
     def __init__(self, kinds: list[str], log_dir: Path) -> None:
         self.kinds = kinds
@@ -94,7 +98,8 @@ class TrackingCallback(Callback):
 
     def on_step_end(self, trainer: BaseTrainer, metrics: dict[str, float]) -> None:
         step = trainer.progress.optimizer_step
-        if step % trainer.args.log_every == 0:
+        budget = getattr(trainer.args, "budget", None)
+        if step % trainer.args.log_every == 0 or step == budget:
             for tracker in self.trackers:
                 tracker.log(metrics, step)
 
