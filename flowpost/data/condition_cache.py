@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from flowpost.core.io import sha256_file, write_json_atomic
+from flowpost.core.io import atomic_file, sha256_file, write_json_atomic
 from flowpost.core.models.base import ConditionBatch
 from flowpost.core.trainers.inputs import ConditionTable
 from flowpost.errors import FlowpostError
@@ -60,15 +57,8 @@ def _read_table(cache_dir: Path) -> pa.Table:
 
 
 def _write_table(path: Path, table: pa.Table) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb") as handle:
+        pq.write_table(table, handle)
 
 
 def _rows(prompts: list[str], fingerprint: str, batch: ConditionBatch) -> pa.Table:

@@ -99,3 +99,22 @@ def test_missing_prompt_or_cache_is_reported(tmp_path: Path) -> None:
     assert info.value.where == str(tmp_path)
     with pytest.raises(FlowpostError, match="fingerprint"):
         load_conditions(tmp_path, ["a"], encoder_fingerprint="f2")
+
+
+def test_a_failed_table_write_keeps_the_previous_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import flowpost.data.condition_cache as cache
+
+    update_condition_cache(tmp_path, ["a", "b"], encoder_fingerprint="f1", encode=CountingEncoder())
+    before = (tmp_path / "conditions.parquet").read_bytes()
+    real_write = cache.pq.write_table
+
+    def half_write(table, where, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        real_write(table.slice(0, 1), where, **kwargs)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(cache.pq, "write_table", half_write)
+    with pytest.raises(OSError, match="disk full"):
+        update_condition_cache(tmp_path, ["c"], encoder_fingerprint="f1", encode=CountingEncoder())
+    assert (tmp_path / "conditions.parquet").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conditions.parquet", "manifest.json"]
+    assert load_condition_table(tmp_path, "f1")[0] == ["a", "b"]
