@@ -80,15 +80,24 @@ def verify_checkpoint(path: Path) -> str | None:
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest intact checkpoint under ``root``: ``latest`` if valid, else the newest valid step."""
+    """The newest intact checkpoint under ``root``: ``latest`` if valid, else the newest valid step.
+
+    The returned folder has just been verified against its manifest; pass ``verified=True`` to
+    ``load_checkpoint`` to skip hashing it again.
+    """
     root = Path(root)
     candidates: list[Path] = []
     pointer = root / LATEST
     if pointer.exists():
         try:
-            candidates.append(root / read_json(pointer, what="latest pointer")["path"])
-        except (FlowpostError, KeyError):
-            log.warning("%s is unreadable; scanning for checkpoints", pointer)
+            target = read_json(pointer, what="latest pointer")
+        except FlowpostError:
+            target = None
+        name = target.get("path") if isinstance(target, dict) else None
+        if isinstance(name, str) and _STEP_DIR.match(name):  # a sibling step folder, nothing else
+            candidates.append(root / name)
+        else:
+            log.warning("%s is unreadable or names no checkpoint; scanning for checkpoints", pointer)
     steps = sorted(
         (p for p in root.glob("step-*") if _STEP_DIR.match(p.name)),
         key=lambda p: int(_STEP_DIR.match(p.name).group(1)),  # type: ignore[union-attr]
@@ -103,10 +112,10 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: str | Path) -> TrainingState:
-    """Read a checkpoint written by ``save_checkpoint`` (verified first)."""
+def load_checkpoint(path: str | Path, *, verified: bool = False) -> TrainingState:
+    """Read a checkpoint written by ``save_checkpoint``; its hashes are checked unless ``verified``."""
     path = Path(path)
-    problem = verify_checkpoint(path)
+    problem = None if verified else verify_checkpoint(path)
     if problem is not None:
         raise FlowpostError(f"checkpoint is corrupt: {problem}; delete it to start over", where=str(path))
     meta = read_json(path / "state.json", what="checkpoint state")

@@ -224,3 +224,28 @@ def test_optimizer_file_is_loaded_without_pickle_code(tmp_path: Path) -> None:
     with pytest.raises(Exception) as info:
         load_checkpoint(path)
     assert "weights_only" in str(info.value) or "Unsupported" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "pointer", ["[1, 2]", '"step-3"', "null", '{"step": 3}', '{"path": 5}', '{"path": "/etc"}', '{"path": "../x"}']
+)
+def test_pointer_that_is_json_but_names_no_step_falls_back_to_scan(
+    tmp_path: Path, pointer: str
+) -> None:
+    save_checkpoint(tmp_path, _state(3))
+    save_checkpoint(tmp_path, _state(11))
+    (tmp_path / LATEST).write_text(pointer)
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-11"
+
+
+def test_a_verified_checkpoint_is_not_hashed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save_checkpoint(tmp_path, _state(2))
+    path = latest_checkpoint(tmp_path)
+    assert path is not None
+    hashed: list[str] = []
+    real = checkpoint.sha256_file
+    monkeypatch.setattr(checkpoint, "sha256_file", lambda p: hashed.append(str(p)) or real(p))
+    assert load_checkpoint(path, verified=True).step == 2
+    assert hashed == []
+    assert load_checkpoint(path).step == 2
+    assert hashed  # unverified loads still check every file
