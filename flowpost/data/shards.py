@@ -16,6 +16,8 @@ from flowpost.core.io import atomic_file, sha256_file
 from flowpost.data.records import Demonstration
 from flowpost.errors import FlowpostError
 
+RERUN = "re-run acquisition"
+
 
 def _encode(record: Demonstration) -> dict[str, Any]:
     buffer = io.BytesIO()
@@ -77,42 +79,68 @@ def write_shards(
 
 def _read_tar(path: Path) -> Iterator[Demonstration]:
     samples: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(path, "r") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            key, _, ext = member.name.partition(".")
-            handle = tar.extractfile(member)
-            assert handle is not None
-            samples.setdefault(key, {})[ext] = handle.read()
+    try:
+        with tarfile.open(path, "r") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key, _, ext = member.name.partition(".")
+                handle = tar.extractfile(member)
+                assert handle is not None
+                samples.setdefault(key, {})[ext] = handle.read()
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise FlowpostError(f"shard is not a readable tar archive ({exc}); {RERUN}", where=str(path)) from None
     for key, parts in samples.items():
         if "npy" not in parts or "json" not in parts:
-            raise FlowpostError(
-                f"sample {key!r} lacks its npy or json member; re-run acquisition", where=str(path)
-            )
+            raise FlowpostError(f"sample {key!r} lacks its npy or json member; {RERUN}", where=str(path))
+        yield _decode(key, parts, path)
+
+
+def _decode(key: str, parts: dict[str, bytes], path: Path) -> Demonstration:
+    """One sample from its members; a malformed member raises naming the shard and the sample."""
+    try:
         meta = json.loads(parts["json"])
+        if not isinstance(meta, dict):
+            raise ValueError("metadata is not a JSON object")
         image = np.load(io.BytesIO(parts["npy"]), allow_pickle=False)
-        yield Demonstration(
+        return Demonstration(
             key=key,
             prompt=meta["prompt"],
             image=image,
             label=meta["label"],
             metadata=meta["metadata"],
         )
+    except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:  # JSONDecodeError is a ValueError
+        raise FlowpostError(
+            f"sample {key!r} is malformed ({type(exc).__name__}: {exc}); {RERUN}", where=str(path)
+        ) from None
+
+
+def _manifest_shards(out_dir: Path, manifest: Any) -> list[tuple[str, str]]:
+    """(file, sha256) of each shard a manifest lists; a malformed manifest raises naming it."""
+    where = str(out_dir / "manifest.json")
+    shards = manifest.get("shards") if isinstance(manifest, dict) else None
+    if not isinstance(shards, list):
+        raise FlowpostError(f"shard manifest lists no shards; {RERUN}", where=where)
+    entries = []
+    for i, shard in enumerate(shards):
+        file = shard.get("file") if isinstance(shard, dict) else None
+        digest = shard.get("sha256") if isinstance(shard, dict) else None
+        if not (isinstance(file, str) and file and Path(file).name == file and isinstance(digest, str)):
+            raise FlowpostError(f"shard manifest entry {i} needs a file name and a sha256; {RERUN}", where=where)
+        entries.append((file, digest))
+    return entries
 
 
 def read_shards(out_dir: Path, manifest: dict[str, Any]) -> list[Demonstration]:
     """Read every record back in write order, after checking each shard's hash."""
     out_dir = Path(out_dir)
     records: list[Demonstration] = []
-    for shard in manifest["shards"]:
-        path = out_dir / shard["file"]
+    for file, digest in _manifest_shards(out_dir, manifest):
+        path = out_dir / file
         if not path.is_file():
-            raise FlowpostError("shard is missing; re-run acquisition", where=str(path))
-        if sha256_file(path) != shard["sha256"]:
-            raise FlowpostError(
-                "shard content does not match its manifest hash; re-run acquisition",
-                where=str(path),
-            )
+            raise FlowpostError(f"shard is missing; {RERUN}", where=str(path))
+        if sha256_file(path) != digest:
+            raise FlowpostError(f"shard content does not match its manifest hash; {RERUN}", where=str(path))
         records.extend(_read_tar(path))
     return records

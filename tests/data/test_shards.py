@@ -57,3 +57,57 @@ def test_corrupted_or_missing_shard_is_reported(records: list[Demonstration], tm
     second.unlink()
     with pytest.raises(FlowpostError, match="missing"):
         read_shards(tmp_path, manifest)
+
+
+def _rewrite(path: Path, samples: list[dict], manifest: dict) -> None:
+    """Replace a shard's content and its manifest hash, as a faulty writer would."""
+    from flowpost.data.shards import _write_tar
+
+    _write_tar(path, samples)
+    for shard in manifest["shards"]:
+        if shard["file"] == path.name:
+            shard["sha256"] = sha256_file(path)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        {"__key__": "k", "npy": b"not an npy", "json": b'{"prompt": "p", "label": 1, "metadata": {}}'},
+        {"__key__": "k", "npy": None, "json": b"{not json"},
+        {"__key__": "k", "npy": None, "json": b'{"prompt": "p"}'},
+        {"__key__": "k", "npy": None, "json": b"[1, 2]"},
+    ],
+)
+def test_a_malformed_member_names_the_shard(records: list[Demonstration], tmp_path: Path, sample: dict) -> None:
+    import io as stdio
+
+    manifest = write_shards(records[:3], tmp_path)
+    path = tmp_path / manifest["shards"][0]["file"]
+    if sample["npy"] is None:
+        buffer = stdio.BytesIO()
+        np.save(buffer, records[0].image, allow_pickle=False)
+        sample = {**sample, "npy": buffer.getvalue()}
+    _rewrite(path, [sample], manifest)
+    with pytest.raises(FlowpostError, match="'k' is malformed") as info:
+        read_shards(tmp_path, manifest)
+    assert info.value.where == str(path)
+
+
+def test_a_shard_that_is_not_a_tar_names_the_shard(records: list[Demonstration], tmp_path: Path) -> None:
+    manifest = write_shards(records[:3], tmp_path)
+    path = tmp_path / manifest["shards"][0]["file"]
+    path.write_bytes(b"\x00garbage" * 7)
+    manifest["shards"][0]["sha256"] = sha256_file(path)
+    with pytest.raises(FlowpostError, match="not a readable tar") as info:
+        read_shards(tmp_path, manifest)
+    assert info.value.where == str(path)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [[], {}, {"shards": "x"}, {"shards": [{"file": "a.tar"}]}, {"shards": [{"file": "../a.tar", "sha256": "0"}]}],
+)
+def test_a_malformed_manifest_names_the_manifest(tmp_path: Path, manifest) -> None:  # noqa: ANN001
+    with pytest.raises(FlowpostError, match="manifest") as info:
+        read_shards(tmp_path, manifest)
+    assert info.value.where == str(tmp_path / "manifest.json")
