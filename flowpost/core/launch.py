@@ -62,12 +62,19 @@ def build_callbacks(config: CallbacksConfig, spec: StageSpec, inputs: StageInput
 
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
-    """A fresh model (seeded) or the stage named by ``model.init``, with LoRA when configured."""
+    """A fresh model (seeded) or the stage named by ``model.init``, with LoRA when configured.
+
+    The encoder length of the stage's condition cache (``spec.extra["encoder"]``) is recorded on
+    the adapter, so the saved model encodes new prompts the way it was trained.
+    """
     if spec.init_from is not None:
         adapter = load_adapter(spec.init_from)
     else:
         cls = adapter_class(stage.model.family, where=f"stages.{spec.stage}.model.family")
         adapter = cls.from_scratch(seed=spec.seed, shift=stage.model.shift, overrides=stage.model.transformer)
+    encoder = spec.extra.get("encoder") or {}
+    if encoder.get("max_length") is not None:
+        adapter.encoder_max_length = int(encoder["max_length"])
     lora = stage.model.lora
     if lora is not None:
         adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)

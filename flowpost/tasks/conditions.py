@@ -36,12 +36,22 @@ def cache_conditions(
     summary = {
         "encoder": config.encoder,
         "encoder_fingerprint": encoder.fingerprint,
+        "max_length": config.max_length,
         "hits": stats.hits,
         "misses": stats.misses,
         "total": stats.total,
     }
     write_json_atomic(out_dir / "encoder.json", summary)
     return summary
+
+
+def encoder_settings(conditions_dir: Path) -> dict[str, Any]:
+    """Name, fingerprint and ``max_length`` of the encoder that filled a condition cache."""
+    summary = read_json(conditions_dir / "encoder.json", what="condition cache summary")
+    settings = {"name": summary["encoder"], "fingerprint": summary["encoder_fingerprint"]}
+    if "max_length" in summary:
+        settings["max_length"] = int(summary["max_length"])
+    return settings
 
 
 def encoder_fingerprint(conditions_dir: Path) -> str:

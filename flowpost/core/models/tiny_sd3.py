@@ -12,7 +12,13 @@ import torch
 from torch import Tensor
 
 from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.models.base import ADAPTER_FILE, ConditionBatch, ConditionState, ModelAdapter
+from flowpost.core.models.base import (
+    ADAPTER_FILE,
+    DEFAULT_ENCODER_MAX_LENGTH,
+    ConditionBatch,
+    ConditionState,
+    ModelAdapter,
+)
 from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, has_lora, merged_copy
 from flowpost.core.roles import Snapshots
 from flowpost.core.seeding import seeded
@@ -58,10 +64,18 @@ class TinySD3Adapter(ModelAdapter):
 
     family: ClassVar[str] = "tiny-sd3"
 
-    def __init__(self, transformer: torch.nn.Module, *, shift: float = 1.0, encoder: str = "minilm") -> None:
+    def __init__(
+        self,
+        transformer: torch.nn.Module,
+        *,
+        shift: float = 1.0,
+        encoder: str = "minilm",
+        encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH,
+    ) -> None:
         self.transformer = transformer
         self.shift = shift
         self.encoder_name = encoder
+        self.encoder_max_length = encoder_max_length
         self.snapshots = Snapshots()
         self.lora: dict[str, Any] | None = None
 
@@ -83,7 +97,12 @@ class TinySD3Adapter(ModelAdapter):
         path = Path(path)
         meta = read_json(path / ADAPTER_FILE, what="model adapter manifest")
         transformer = SD3Transformer2DModel.from_pretrained(path / "transformer")
-        return cls(transformer, shift=float(meta["schedule"]["shift"]), encoder=meta["encoder"])
+        return cls(
+            transformer,
+            shift=float(meta["schedule"]["shift"]),
+            encoder=meta["encoder"],
+            encoder_max_length=int(meta.get("encoder_max_length", DEFAULT_ENCODER_MAX_LENGTH)),
+        )
 
     def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
         add_lora(self.transformer, rank=rank, alpha=alpha, targets=targets or SD3_ATTENTION_TARGETS)
@@ -100,6 +119,7 @@ class TinySD3Adapter(ModelAdapter):
         return {
             "family": self.family,
             "encoder": self.encoder_name,
+            "encoder_max_length": self.encoder_max_length,
             "output_codec": "identity (pixels in [-1, 1])",
             "schedule": {
                 "kind": "flow-matching",
