@@ -9,23 +9,21 @@ from typing import Any
 
 
 class EventLog:
-    """Appends one JSON object a line: ``step``, ``checkpoint``, ``eval``, ``done``.
+    """Appends one JSON object a line: ``start``, ``step``, ``checkpoint``, ``done``.
 
     Disabled (writes nothing) on ranks other than 0.
     """
 
-    def __init__(self, path: str | Path | None, *, stage: str, enabled: bool = True) -> None:
-        self.path = Path(path) if path is not None else None
+    def __init__(self, path: str | Path, *, stage: str, enabled: bool = True) -> None:
+        self.path = Path(path)
         self.stage = stage
-        self.enabled = enabled and self.path is not None
+        self.enabled = enabled
         if self.enabled:
-            assert self.path is not None
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:
             return
-        assert self.path is not None
         record = {"event": event, "stage": self.stage, **fields, "time": time.time()}
         with self.path.open("a") as handle:
             handle.write(json.dumps(record, default=float) + "\n")
