@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.flows.pipeline import HEAVY_KINDS, submission_plan
@@ -18,7 +19,7 @@ def test_each_heavy_node_waits_for_the_previous_heavy_node(tiny_pipeline) -> Non
     assert list(plan) == list(nodes)
     heavy = [node_id for node_id, node in nodes.items() if node.kind in HEAVY_KINDS]
     assert heavy == ["train.sft", "train.other", "eval.sft", "eval.other"]
-    for before, after in zip(heavy, heavy[1:]):
+    for before, after in itertools.pairwise(heavy):
         assert before in plan[after]
     for node_id, node in nodes.items():
         assert set(node.deps) <= set(plan[node_id])
