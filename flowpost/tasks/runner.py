@@ -115,7 +115,7 @@ class PipelineRun:
                 dataset_dir=self.path(f"acquire.{data}") if data else None,
                 conditions_dir=cond_dir,
                 encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
-                init_from=self._init_weights(init) if init != "scratch" else None,
+                init_from=self._init_weights(init, stage.model.init_weights) if init != "scratch" else None,
                 resume=resume,
             )
             done = run_training(spec, on_event=on_event)
@@ -160,7 +160,7 @@ class PipelineRun:
             write_bytes_atomic(self.workspace / name, (self.path("report") / name).read_bytes())
         return self.workspace / "metrics.json"
 
-    def _init_weights(self, stage: str) -> Path:
+    def _init_weights(self, stage: str, weights: str) -> Path:
         from flowpost.tasks.evaluate import stage_weights
 
-        return stage_weights(self.path(f"train.{stage}"), self.pipeline.evaluate.weights)[0]
+        return stage_weights(self.path(f"train.{stage}"), weights)[0]

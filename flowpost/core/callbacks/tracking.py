@@ -98,8 +98,8 @@ class TrackingCallback(Callback):
 
     def on_step_end(self, trainer: BaseTrainer, metrics: dict[str, float]) -> None:
         step = trainer.progress.optimizer_step
-        budget = getattr(trainer.args, "budget", None)
-        if step % trainer.args.log_every == 0 or step == budget:
+        done = trainer.completed_units
+        if done % trainer.args.log_every == 0 or done == trainer.args.budget:
             for tracker in self.trackers:
                 tracker.log(metrics, step)
 

@@ -271,7 +271,7 @@ class BaseTrainer(GenerationMixin, ABC):
         path = latest_checkpoint(self.output_dir / "checkpoints")
         if path is None:
             return None
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, verified=True)
         self.accelerator.unwrap_model(self.model).load_state_dict(state.model)
         self.optimizer.load_state_dict(state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)

@@ -8,14 +8,13 @@ import torch
 from pydantic import Field
 
 from flowpost.core.contracts import OFFLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import DatasetArguments
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import BatchLoader
 from flowpost.errors import FlowpostError
-
-NULL_PROMPT = ""
 
 
 class SFTArguments(DatasetArguments):
