@@ -20,15 +20,9 @@ app = typer.Typer(
 config_app = typer.Typer(help="Inspect pipeline configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
-PipelineArg = Annotated[
-    Path | None, typer.Argument(help="pipeline YAML (default: the embedded digits pipeline)")
-]
-SetOpt = Annotated[
-    list[str] | None, typer.Option("--set", help="dotted override, e.g. stages.sft.train.lr=1e-4")
-]
-WorkspaceOpt = Annotated[
-    Path, typer.Option("--workspace", "-w", help="folder for every output of the pipeline")
-]
+PipelineArg = Annotated[Path | None, typer.Argument(help="pipeline YAML (default: the embedded digits pipeline)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="dotted override, e.g. stages.sft.train.lr=1e-4")]
+WorkspaceOpt = Annotated[Path, typer.Option("--workspace", "-w", help="folder for every output of the pipeline")]
 
 
 def _load(pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False):  # noqa: ANN202
@@ -90,6 +84,33 @@ def stage(
     typer.echo(f"{result.node} {result.status} -> {result.path}")
 
 
+@app.command("check-consistency")
+def check_consistency(
+    pipeline: PipelineArg = None,
+    stage_name: Annotated[str, typer.Option("--stage", help="a coupled stage, e.g. grpo")] = "grpo",
+    workspace: WorkspaceOpt = Path("workspace"),
+    set_: SetOpt = None,
+) -> None:
+    """One rollout and one replay exactly as the trainer does them; prints a JSON line."""
+    import json
+    import tempfile
+
+    from flowpost.core.diagnostics import check_consistency as check
+    from flowpost.core.launch import build_trainer
+    from flowpost.tasks.runner import PipelineRun
+
+    run_ = PipelineRun(_load(pipeline, set_), workspace)
+    node = run_.node(f"train.{stage_name}")
+    missing = [dep for dep in node.deps if not run_.is_complete(dep)]
+    if missing:
+        raise FlowpostError(f"run {', '.join(missing)} first (flowpost stage NODE)", where=str(workspace))
+    with tempfile.TemporaryDirectory() as scratch:
+        result = check(build_trainer(run_.train_spec(stage_name, Path(scratch), resume=False)))
+    typer.echo(json.dumps(result))
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
 @app.command()
 def validate(pipeline: Annotated[Path, typer.Argument()], set_: SetOpt = None) -> None:
     """Check a pipeline file without running anything (exit 0 when valid)."""
@@ -133,9 +154,7 @@ def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards"
 
     registries = {"trainers": TRAINERS, "models": FAMILIES, "rewards": REWARDS}
     if what not in registries:
-        raise FlowpostError(
-            f"unknown registry {what!r}; use trainers, models or rewards", where="flowpost list"
-        )
+        raise FlowpostError(f"unknown registry {what!r}; use trainers, models or rewards", where="flowpost list")
     for name, target in sorted(registries[what].items()):
         typer.echo(f"{name}\t{target}")
 

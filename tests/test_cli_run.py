@@ -71,3 +71,29 @@ def test_config_show_prints_the_resolved_pipeline(tmp_path: Path) -> None:
     resolved = yaml.safe_load(shown.stdout)
     assert resolved["stages"]["sft"]["train"]["lr"] == 1e-4
     assert resolved["stages"]["sft"]["train"]["cfg_dropout"] == 0.1  # a default, filled in
+
+
+@pytest.mark.slow
+def test_check_consistency_on_a_grpo_stage_of_a_real_workspace(tmp_path: Path, tiny_pipeline) -> None:
+    import yaml
+
+    from flowpost.core.config.loading import validate_pipeline
+    from flowpost.tasks.runner import PipelineRun
+
+    config = tiny_pipeline()
+    config["stages"]["grpo"] = {
+        "trainer": "grpo",
+        "model": {"init": "sft", "transformer": config["stages"]["sft"]["model"]["transformer"]},
+        "data": {"dataset": "digits", "conditions": "minilm"},
+        "sampling": {"steps": 6, "window": 3, "window_start": [0, 2]},
+        "rewards": [{"name": "digit_adherence"}],
+        "train": {"prompts_per_iteration": 2, "group_size": 4, "train_batch_size": 4, "iterations": 2},
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
+    for node in ("acquire.digits", "conditions.minilm", "train.sft"):
+        run.execute(node)
+    done = _flowpost("check-consistency", "p.yaml", "--stage", "grpo", "--workspace", "ws", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["ok"] and report["max_abs_ratio_error"] < 1e-5 and report["micro_batch"] == 4

@@ -17,9 +17,7 @@ def _check_batch(rewards: Tensor, group_ids: Tensor) -> None:
     if rewards.ndim != 1 or rewards.numel() == 0:
         raise ValueError(f"rewards must be a non-empty 1-D tensor, got shape {tuple(rewards.shape)}")
     if group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"group_ids shape {tuple(group_ids.shape)} differs from rewards {tuple(rewards.shape)}"
-        )
+        raise ValueError(f"group_ids shape {tuple(group_ids.shape)} differs from rewards {tuple(rewards.shape)}")
     if group_ids.is_floating_point() or group_ids.is_complex():
         raise ValueError(f"group_ids must be integers, got {group_ids.dtype}")
 
@@ -140,9 +138,7 @@ class PromptTracker:
     def update(self, prompts: list[str], rewards: Tensor) -> Tensor:
         """Record ``rewards`` [N] under ``prompts`` and return their advantages [N]."""
         if rewards.ndim != 1 or rewards.numel() == 0 or len(prompts) != rewards.numel():
-            raise ValueError(
-                f"need one reward per prompt, got {len(prompts)} prompts and shape {tuple(rewards.shape)}"
-            )
+            raise ValueError(f"need one reward per prompt, got {len(prompts)} prompts and shape {tuple(rewards.shape)}")
         values = rewards.detach().double().cpu()
         batch_mean, batch_std = values.mean(), values.std(correction=0)
         rows_of: dict[str, list[int]] = {}

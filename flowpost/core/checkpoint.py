@@ -51,9 +51,7 @@ def save_checkpoint(root: str | Path, state: TrainingState) -> Path:
         torch.save({"optimizer": state.optimizer, "scheduler": state.scheduler}, tmp / "optimizer.pt")
         write_json_atomic(tmp / "state.json", {"step": state.step, "trainer": state.trainer})
         files = sorted(p.name for p in tmp.iterdir())
-        write_json_atomic(
-            tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}}
-        )
+        write_json_atomic(tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}})
     write_json_atomic(root / LATEST, {"step": state.step, "path": final.name})
     return final
 

@@ -102,6 +102,4 @@ def read_json(path: str | Path, *, what: str = "file") -> Any:
     except FileNotFoundError:
         raise FlowpostError(f"{what} not found; was the step that writes it run?", where=str(path)) from None
     except json.JSONDecodeError as exc:
-        raise FlowpostError(
-            f"{what} is not valid JSON ({exc.msg} at line {exc.lineno})", where=str(path)
-        ) from None
+        raise FlowpostError(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno})", where=str(path)) from None

@@ -23,6 +23,7 @@ from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.rewards.registry import build_reward, reward_parameters
+from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.registry import trainer_class
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
@@ -81,9 +82,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     return adapter
 
 
-def build_rewards(
-    configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs
-) -> WeightedRewards | None:
+def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs) -> WeightedRewards | None:
     """The stage's weighted reward sum; scorers that take ``assets_dir`` get the dataset's assets."""
     if not configs:
         return None
@@ -99,13 +98,18 @@ def build_rewards(
 
 def run_stage(spec: StageSpec) -> TrainingProgress:
     """Validate, build and run one stage in this process."""
+    return build_trainer(spec).start()
+
+
+def build_trainer(spec: StageSpec) -> BaseTrainer:
+    """The stage's trainer with its model, data, callbacks and rewards, ready to ``start()``."""
     stage = StageConfig.model_validate(spec.config)
     args = stage.arguments(smoke=spec.smoke)
     trainer_cls = trainer_class(stage.trainer, where=f"stages.{spec.stage}.trainer")  # before any model loads
     inputs = load_stage_inputs(spec)
     adapter = build_adapter(stage, spec)
     callbacks = build_callbacks(stage.callbacks, spec, inputs)
-    trainer = trainer_cls(
+    return trainer_cls(
         spec=spec,
         args=args,
         adapter=adapter,
@@ -114,7 +118,6 @@ def run_stage(spec: StageSpec) -> TrainingProgress:
         sampling=stage.sampling,
         rewards=build_rewards(stage.rewards, spec, inputs),
     )
-    return trainer.start()
 
 
 def follow_parent() -> bool:

@@ -20,9 +20,7 @@ def address_seed(seed: int, stage: str, step: int, index: int, purpose: str = "n
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def addressed_generator(
-    seed: int, stage: str, step: int, index: int, purpose: str = "noise"
-) -> torch.Generator:
+def addressed_generator(seed: int, stage: str, step: int, index: int, purpose: str = "noise") -> torch.Generator:
     return torch.Generator().manual_seed(address_seed(seed, stage, step, index, purpose))
 
 
@@ -37,8 +35,7 @@ def addressed_randn(
 ) -> Tensor:
     """Standard normals [len(indices), *shape]; row i depends only on its address."""
     rows = [
-        torch.randn(tuple(shape), generator=addressed_generator(seed, stage, step, int(i), purpose))
-        for i in indices
+        torch.randn(tuple(shape), generator=addressed_generator(seed, stage, step, int(i), purpose)) for i in indices
     ]
     return torch.stack(rows) if rows else torch.empty((0, *shape))
 
@@ -48,7 +45,6 @@ def addressed_rand(
 ) -> Tensor:
     """Uniforms in [0, 1) [len(indices), *shape]; row i depends only on its address."""
     rows = [
-        torch.rand(tuple(shape), generator=addressed_generator(seed, stage, step, int(i), purpose))
-        for i in indices
+        torch.rand(tuple(shape), generator=addressed_generator(seed, stage, step, int(i), purpose)) for i in indices
     ]
     return torch.stack(rows) if rows else torch.empty((0, *shape))

@@ -79,9 +79,9 @@ def _rows(prompts: list[str], fingerprint: str, batch: ConditionBatch) -> pa.Tab
             "token_mask": pa.FixedSizeListArray.from_arrays(pa.array(mask.numpy().reshape(-1)), seq_len).cast(
                 pa.list_(pa.int8())
             ),
-            "pooled": pa.FixedSizeListArray.from_arrays(
-                pa.array(pooled.numpy().reshape(-1)), pooled.shape[1]
-            ).cast(pa.list_(pa.float32())),
+            "pooled": pa.FixedSizeListArray.from_arrays(pa.array(pooled.numpy().reshape(-1)), pooled.shape[1]).cast(
+                pa.list_(pa.float32())
+            ),
             "seq_len": pa.array([seq_len] * n, pa.int32()),
             "hidden_dim": pa.array([hidden] * n, pa.int32()),
         },
@@ -152,9 +152,7 @@ def _to_batch(table: pa.Table, where: Path) -> ConditionBatch:
     mask = np.zeros((n, longest), dtype=np.int64)
     offset = 0
     for i, seq_len in enumerate(seq_lens):
-        states[i, :seq_len] = states_flat[offset * hidden : (offset + seq_len) * hidden].reshape(
-            seq_len, hidden
-        )
+        states[i, :seq_len] = states_flat[offset * hidden : (offset + seq_len) * hidden].reshape(seq_len, hidden)
         mask[i, :seq_len] = mask_flat[offset : offset + seq_len]
         offset += seq_len
     pooled = _flat(table, "pooled", np.float32).reshape(n, pooled_dim).copy()
@@ -179,8 +177,7 @@ def load_condition_table(cache_dir: Path, encoder_fingerprint: str) -> tuple[lis
     table = table.filter(pc.equal(table.column("encoder_fingerprint"), encoder_fingerprint))
     if table.num_rows == 0:
         raise FlowpostError(
-            f"no conditions cached for encoder fingerprint {encoder_fingerprint!r}; "
-            "re-run the conditions node",
+            f"no conditions cached for encoder fingerprint {encoder_fingerprint!r}; re-run the conditions node",
             where=str(cache_dir),
         )
     return table.column("prompt").to_pylist(), _to_batch(table, cache_dir)

@@ -41,9 +41,7 @@ class DigitsSplit:
     test_labels: np.ndarray
 
 
-def load_digits_split(
-    *, image_size: int = 16, test_fraction: float = 0.2, split_seed: int = 0
-) -> DigitsSplit:
+def load_digits_split(*, image_size: int = 16, test_fraction: float = 0.2, split_seed: int = 0) -> DigitsSplit:
     """Load the digits, upsample to ``image_size`` and split them, stratified by label."""
     bunch = load_digits()
     images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)

@@ -113,9 +113,7 @@ class FiniteLoader:
     def iter_epoch(self, epoch: int, start_batch: int = 0) -> Iterator[dict[str, Any]]:
         """Yield collated batches of ``epoch`` from cursor ``start_batch`` (batches consumed)."""
         if not 0 <= start_batch <= self.batches_per_epoch:
-            raise ValueError(
-                f"start_batch {start_batch} is outside 0..{self.batches_per_epoch} for this epoch"
-            )
+            raise ValueError(f"start_batch {start_batch} is outside 0..{self.batches_per_epoch} for this epoch")
         batches = epoch_batches(
             len(self.dataset),
             global_batch_size=self.global_batch_size,

@@ -74,9 +74,7 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
             bar = progress_bar(event["step"], event["max_steps"])
             logger.info("%s %s %d/%d %s", node_id, bar, event["step"], event["max_steps"], metrics)
             if "artifact" in state:
-                update_progress_artifact(
-                    state["artifact"], progress=100.0 * event["step"] / event["max_steps"]
-                )
+                update_progress_artifact(state["artifact"], progress=100.0 * event["step"] / event["max_steps"])
         elif kind == "checkpoint":
             logger.info("%s checkpoint %s", node_id, event["path"])
 
@@ -100,9 +98,7 @@ def pipeline_flow(
     futures: dict[str, Any] = {}
     for node_id, waits in submission_plan(run.nodes).items():
         node = run.nodes[node_id]
-        tags = ["flowpost", f"flowpost-{node.kind}"] + (
-            ["flowpost-heavy"] if node.kind in HEAVY_KINDS else []
-        )
+        tags = ["flowpost", f"flowpost-{node.kind}"] + (["flowpost-heavy"] if node.kind in HEAVY_KINDS else [])
         futures[node_id] = run_node.with_options(name=node_id, tags=tags).submit(
             run, node_id, refresh, resume, wait_for=[futures[dep] for dep in waits]
         )

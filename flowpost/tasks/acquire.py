@@ -58,14 +58,10 @@ def acquire_dataset(config: DatasetConfig, out_dir: Path, *, smoke: bool = False
     test_x, test_y = torch.from_numpy(split.test_images), torch.from_numpy(split.test_labels)
     classifiers = {}
     for spec in (REWARD_CLASSIFIER, JUDGE_CLASSIFIER):
-        model = train_classifier(
-            train_x, train_y, width=spec.width, seed=spec.seed, epochs=3 if smoke else 30
-        )
+        model = train_classifier(train_x, train_y, width=spec.width, seed=spec.seed, epochs=3 if smoke else 30)
         held_out = accuracy(model, test_x, test_y)
         if not smoke and held_out < MIN_ACCURACY:
-            raise RuntimeError(
-                f"classifier {spec.name} reached {held_out:.4f} < {MIN_ACCURACY} held-out accuracy"
-            )
+            raise RuntimeError(f"classifier {spec.name} reached {held_out:.4f} < {MIN_ACCURACY} held-out accuracy")
         save_classifier(model, out_dir / "assets", spec.name)
         classifiers[spec.name] = {
             "role": "reward" if spec is REWARD_CLASSIFIER else "judge",
@@ -80,9 +76,7 @@ def acquire_dataset(config: DatasetConfig, out_dir: Path, *, smoke: bool = False
         "shards": {name: m["shards"] for name, m in shards.items()},
         "train_prompts": shards["train"]["prompts"],
         "eval_prompts": [
-            {"prompt": caption(template, label), "label": label}
-            for template in EVAL_TEMPLATES
-            for label in range(10)
+            {"prompt": caption(template, label), "label": label} for template in EVAL_TEMPLATES for label in range(10)
         ],
         "classifiers": classifiers,
         "smoke": smoke,

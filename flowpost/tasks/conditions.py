@@ -30,9 +30,7 @@ def cache_conditions(
     for directory in dataset_dirs:
         prompts += dataset_prompts(directory)
     encoder = build_encoder(config.encoder, max_length=config.max_length)
-    stats = update_condition_cache(
-        out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode
-    )
+    stats = update_condition_cache(out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode)
     summary = {
         "encoder": config.encoder,
         "encoder_fingerprint": encoder.fingerprint,
@@ -56,6 +54,4 @@ def encoder_settings(conditions_dir: Path) -> dict[str, Any]:
 
 def encoder_fingerprint(conditions_dir: Path) -> str:
     """The fingerprint of the encoder that filled a condition cache."""
-    return str(
-        read_json(conditions_dir / "encoder.json", what="condition cache summary")["encoder_fingerprint"]
-    )
+    return str(read_json(conditions_dir / "encoder.json", what="condition cache summary")["encoder_fingerprint"])

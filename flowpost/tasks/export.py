@@ -84,9 +84,7 @@ def model_card(manifest: dict[str, Any]) -> str:
     ]
     if metrics:
         lines += ["", "## Evaluation", "", "| metric | value |", "| --- | --- |"]
-        lines += [
-            f"| {k} | {metrics[k]} |" for k in ("adherence", "reward_mean", "fd", "n_samples") if k in metrics
-        ]
+        lines += [f"| {k} | {metrics[k]} |" for k in ("adherence", "reward_mean", "fd", "n_samples") if k in metrics]
     git = manifest["provenance"]["git"]
     lines += ["", f"Built from commit `{git['commit']}` (dirty: {git['dirty']}).", ""]
     return "\n".join(lines)

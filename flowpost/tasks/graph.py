@@ -44,9 +44,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
             {
                 prompt
                 for stage in p.stages.values()
-                if stage.data is not None
-                and stage.data.conditions == name
-                and stage.callbacks.validation is not None
+                if stage.data is not None and stage.data.conditions == name and stage.callbacks.validation is not None
                 for prompt in stage.callbacks.validation.prompts
             }
         )

@@ -16,6 +16,7 @@ from typing import Any
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
+from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
@@ -91,34 +92,16 @@ class PipelineRun:
         )
         return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
 
-    def _dispatch(
-        self, node: Node, out: Path, *, resume: bool, on_event: EventHandler | None
-    ) -> dict[str, Any]:
+    def _dispatch(self, node: Node, out: Path, *, resume: bool, on_event: EventHandler | None) -> dict[str, Any]:
         p = self.pipeline
         if node.kind == "acquire":
             manifest = acquire_dataset(p.datasets[node.key], out, smoke=p.smoke)
             return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
         if node.kind == "conditions":
             datasets = [self.path(f"acquire.{ds}") for ds in p.conditions[node.key].datasets]
-            return cache_conditions(
-                p.conditions[node.key], datasets, out, extra_prompts=node.config["extra_prompts"]
-            )
+            return cache_conditions(p.conditions[node.key], datasets, out, extra_prompts=node.config["extra_prompts"])
         if node.kind == "train":
-            stage = p.stages[node.key]
-            data, conds = (stage.data.dataset, stage.data.conditions) if stage.data else (None, None)
-            cond_dir = self.path(f"conditions.{conds}") if conds else None
-            init = stage.model.init
-            spec = stage_spec(
-                p,
-                node.key,
-                out,
-                dataset_dir=self.path(f"acquire.{data}") if data else None,
-                conditions_dir=cond_dir,
-                encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
-                init_from=self._init_weights(init, stage.model.init_weights) if init != "scratch" else None,
-                resume=resume,
-            )
-            done = run_training(spec, on_event=on_event)
+            done = run_training(self.train_spec(node.key, out, resume=resume), on_event=on_event)
             return {"step": done["step"]}
         if node.kind == "eval":
             cond_dir = self.path(f"conditions.{p.evaluate.conditions}")
@@ -159,6 +142,23 @@ class PipelineRun:
         for name in ("metrics.json", "report.md"):
             write_bytes_atomic(self.workspace / name, (self.path("report") / name).read_bytes())
         return self.workspace / "metrics.json"
+
+    def train_spec(self, stage_name: str, out: Path, *, resume: bool = True) -> StageSpec:
+        """The spec of stage ``stage_name`` writing to ``out``, its inputs taken from this workspace."""
+        stage = self.pipeline.stages[stage_name]
+        data, conds = (stage.data.dataset, stage.data.conditions) if stage.data else (None, None)
+        cond_dir = self.path(f"conditions.{conds}") if conds else None
+        init = stage.model.init
+        return stage_spec(
+            self.pipeline,
+            stage_name,
+            out,
+            dataset_dir=self.path(f"acquire.{data}") if data else None,
+            conditions_dir=cond_dir,
+            encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
+            init_from=self._init_weights(init, stage.model.init_weights) if init != "scratch" else None,
+            resume=resume,
+        )
 
     def _init_weights(self, stage: str, weights: str) -> Path:
         from flowpost.tasks.evaluate import stage_weights

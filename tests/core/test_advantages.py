@@ -14,9 +14,7 @@ def test_hand_computed_group_advantages() -> None:
     group_ids = torch.tensor([7, 2, 7, 2, 2])
     eps = 1e-4
     s2, s7 = 2 * math.sqrt(2), 1.0  # population std of {0, 0, 6} and {1, 3}
-    expected = torch.tensor(
-        [-1 / (s7 + eps), -2 / (s2 + eps), 1 / (s7 + eps), -2 / (s2 + eps), 4 / (s2 + eps)]
-    )
+    expected = torch.tensor([-1 / (s7 + eps), -2 / (s2 + eps), 1 / (s7 + eps), -2 / (s2 + eps), 4 / (s2 + eps)])
     torch.testing.assert_close(group_advantages(rewards, group_ids), expected)
 
 
@@ -70,9 +68,7 @@ def test_permutation_invariance() -> None:
     order = torch.randperm(24, generator=generator)
     for std in ("group", "global"):
         advantages = group_advantages(rewards, group_ids, std=std)
-        torch.testing.assert_close(
-            group_advantages(rewards[order], group_ids[order], std=std), advantages[order]
-        )
+        torch.testing.assert_close(group_advantages(rewards[order], group_ids[order], std=std), advantages[order])
 
 
 def test_metrics() -> None:

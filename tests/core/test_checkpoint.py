@@ -229,9 +229,7 @@ def test_optimizer_file_is_loaded_without_pickle_code(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "pointer", ["[1, 2]", '"step-3"', "null", '{"step": 3}', '{"path": 5}', '{"path": "/etc"}', '{"path": "../x"}']
 )
-def test_pointer_that_is_json_but_names_no_step_falls_back_to_scan(
-    tmp_path: Path, pointer: str
-) -> None:
+def test_pointer_that_is_json_but_names_no_step_falls_back_to_scan(tmp_path: Path, pointer: str) -> None:
     save_checkpoint(tmp_path, _state(3))
     save_checkpoint(tmp_path, _state(11))
     (tmp_path / LATEST).write_text(pointer)

@@ -52,9 +52,7 @@ def test_shape_dtype_and_end_points(steps: int, seq_len: int) -> None:
 @pytest.mark.parametrize("seq_len", [256, 1024, 4096, 6000])
 def test_exponential_shift_is_sd3_shift_with_exp_mu(steps: int, seq_len: int) -> None:
     base = torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float64)
-    expected = torch.cat(
-        [shift_sigmas(base, math.exp(_linear_mu(seq_len))), torch.zeros(1, dtype=torch.float64)]
-    )
+    expected = torch.cat([shift_sigmas(base, math.exp(_linear_mu(seq_len))), torch.zeros(1, dtype=torch.float64)])
     torch.testing.assert_close(flux_sigmas(steps, seq_len), expected.float(), rtol=0, atol=1e-6)
 
 

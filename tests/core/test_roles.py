@@ -58,9 +58,7 @@ class _Wrapper(nn.Module):
 def test_ema_callback_keys_the_snapshot_by_the_adapter_network_not_the_wrapper() -> None:
     net = nn.Linear(2, 2)
     adapter = SimpleNamespace(snapshots=Snapshots(), module=lambda: net)
-    trainer = SimpleNamespace(
-        adapter=adapter, model=_Wrapper(net), progress=SimpleNamespace(optimizer_step=1)
-    )
+    trainer = SimpleNamespace(adapter=adapter, model=_Wrapper(net), progress=SimpleNamespace(optimizer_step=1))
     callback = EMACallback(decay=0.5, warmup=False)
     callback.on_train_start(trainer)  # type: ignore[arg-type]
     with torch.no_grad():

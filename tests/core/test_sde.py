@@ -86,9 +86,7 @@ def test_ode_matches_diffusers_euler_loop() -> None:
 @pytest.mark.parametrize("dynamics", STOCHASTIC)
 @pytest.mark.parametrize(("sigma", "sigma_next"), [(0.9, 0.8), (0.6, 0.25), (0.3, 0.05), (1.0, 0.85)])
 @pytest.mark.parametrize("noise_level", [0.3, 0.7, 0.8])
-def test_mean_and_std_match_closed_forms(
-    dynamics: str, sigma: float, sigma_next: float, noise_level: float
-) -> None:
+def test_mean_and_std_match_closed_forms(dynamics: str, sigma: float, sigma_next: float, noise_level: float) -> None:
     x, v = _inputs(seed=int(100 * sigma + 10 * noise_level))
     out = sde_step(dynamics, v, x, sigma, sigma_next, noise_level=noise_level, noise=_noise())
     mean, std = REFERENCES[dynamics](x, v, sigma, sigma_next, noise_level)

@@ -78,9 +78,7 @@ def test_new_prompt_and_new_fingerprint(tmp_path: Path) -> None:
 
 
 def test_load_round_trip_is_bit_identical_and_ordered(tmp_path: Path) -> None:
-    update_condition_cache(
-        tmp_path, PROMPTS, encoder_fingerprint="f1", encode=CountingEncoder(), batch_size=3
-    )
+    update_condition_cache(tmp_path, PROMPTS, encoder_fingerprint="f1", encode=CountingEncoder(), batch_size=3)
     wanted = ["e", "a", "e", "c"]
     batch = load_conditions(tmp_path, wanted, encoder_fingerprint="f1")
     expected = CountingEncoder()(wanted)

@@ -10,9 +10,7 @@ from flowpost.data.records import Demonstration
 
 def test_ranks_get_equal_batches_and_cover_global_batches() -> None:
     n, g, w = 103, 12, 4
-    per_rank = [
-        epoch_batches(n, global_batch_size=g, seed=3, epoch=0, rank=r, world_size=w) for r in range(w)
-    ]
+    per_rank = [epoch_batches(n, global_batch_size=g, seed=3, epoch=0, rank=r, world_size=w) for r in range(w)]
     assert {len(b) for b in per_rank} == {n // g}
     single = epoch_batches(n, global_batch_size=g, seed=3, epoch=0)
     for b, global_batch in enumerate(single):

@@ -29,9 +29,7 @@ def test_flow_runs_every_node_then_reuses_them(prefect_harness, tiny_pipeline, t
     assert {r.status for r in second} == {"cached"}
 
 
-def test_a_failing_stage_fails_the_flow_naming_the_rank(
-    prefect_harness, tiny_pipeline, tmp_path: Path
-) -> None:
+def test_a_failing_stage_fails_the_flow_naming_the_rank(prefect_harness, tiny_pipeline, tmp_path: Path) -> None:
     from flowpost.flows.pipeline import pipeline_flow
 
     broken = tiny_pipeline()

@@ -55,9 +55,7 @@ def test_report_has_the_promised_metrics(workspace: Path) -> None:
     assert "| sft |" in (workspace / "report.md").read_text()
 
 
-def test_rerun_is_all_cached_and_a_changed_stage_reruns_only_its_dependents(
-    workspace: Path, tiny_pipeline
-) -> None:
+def test_rerun_is_all_cached_and_a_changed_stage_reruns_only_its_dependents(workspace: Path, tiny_pipeline) -> None:
     same = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
     assert set(_run_all(same).values()) == {"cached"}
     changed = PipelineRun(validate_pipeline(tiny_pipeline(lr=5e-4)), workspace)

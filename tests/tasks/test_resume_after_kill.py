@@ -51,8 +51,7 @@ def test_sigkill_mid_stage_then_resume_matches_an_uninterrupted_run(tmp_path: Pa
     )
     deadline = time.monotonic() + 120
     while not any(
-        e["event"] == "checkpoint" and e["step"] >= 8
-        for e in read_events(tmp_path / "killed" / "events.jsonl")
+        e["event"] == "checkpoint" and e["step"] >= 8 for e in read_events(tmp_path / "killed" / "events.jsonl")
     ):
         assert process.poll() is None and time.monotonic() < deadline, "stage ended before it could be killed"
         time.sleep(0.05)

@@ -21,18 +21,14 @@ def _fake_python(tmp_path: Path, *, emit_done: bool) -> Path:
     script = tmp_path / "fake-python"
     done = """printf '{"event": "done", "stage": "s", "step": 7}\\n' >> "$dir/events.jsonl"\n"""
     script.write_text(
-        "#!/bin/sh\n"
-        'dir=$(dirname "$3")\n'
-        'env > "$dir/env.txt"\n' + (done if emit_done else "") + "exit 0\n"
+        '#!/bin/sh\ndir=$(dirname "$3")\nenv > "$dir/env.txt"\n' + (done if emit_done else "") + "exit 0\n"
     )
     script.chmod(0o755)
     return script
 
 
 def _spec(out: Path, num_processes: int = 1) -> StageSpec:
-    return StageSpec(
-        stage="s", seed=0, config={"launch": {"num_processes": num_processes}}, output_dir=str(out)
-    )
+    return StageSpec(stage="s", seed=0, config={"launch": {"num_processes": num_processes}}, output_dir=str(out))
 
 
 def _stale_events(out: Path) -> None:
@@ -68,9 +64,7 @@ def test_the_stage_gets_the_parent_pid_and_a_thread_share(tmp_path, monkeypatch)
 
     monkeypatch.setattr(subprocess, "Popen", recording_popen)
     run_training(_spec(tmp_path / "stage", num_processes=2))
-    env = dict(
-        line.split("=", 1) for line in (tmp_path / "stage" / "env.txt").read_text().splitlines() if "=" in line
-    )
+    env = dict(line.split("=", 1) for line in (tmp_path / "stage" / "env.txt").read_text().splitlines() if "=" in line)
     assert env[PARENT_PID_ENV] == str(os.getpid())
     assert env["OMP_NUM_THREADS"] == "4"
     assert seen["start_new_session"] is True and seen.get("preexec_fn") is None

@@ -76,9 +76,7 @@ def build_tracker(kind: str, log_dir: Path, *, name: str) -> Tracker:
                 where="callbacks.trackers",
             )
         return WandbTracker(log_dir / "wandb", name=name)
-    raise FlowpostError(
-        f"unknown tracker {kind!r}; use tensorboard, dvclive or wandb", where="callbacks.trackers"
-    )
+    raise FlowpostError(f"unknown tracker {kind!r}; use tensorboard, dvclive or wandb", where="callbacks.trackers")
 
 
 class TrackingCallback(Callback):

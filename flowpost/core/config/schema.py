@@ -107,21 +107,15 @@ class SamplingConfig(StrictModel):
     steps: int = Field(10, ge=2)
     noise_level: float = Field(0.7, ge=0, description="a for flow-sde and cps, eta for dance-sde")
     guidance: float = Field(1.0, ge=0)
-    window: int | None = Field(
-        None, ge=1, description="consecutive SDE steps (Fast); default: all but the last"
-    )
-    window_start: tuple[int, int] | None = Field(
-        None, description="inclusive range the window start is drawn from"
-    )
+    window: int | None = Field(None, ge=1, description="consecutive SDE steps (Fast); default: all but the last")
+    window_start: tuple[int, int] | None = Field(None, description="inclusive range the window start is drawn from")
     same_group_noise: bool = Field(False, description="one initial noise per group")
 
     @model_validator(mode="after")
     def _window_fits(self) -> SamplingConfig:
         size = self.window or self.steps - 1
         if size > self.steps - 1:
-            raise ValueError(
-                f"window {size} exceeds the {self.steps - 1} trainable steps (the last is never trained)"
-            )
+            raise ValueError(f"window {size} exceeds the {self.steps - 1} trainable steps (the last is never trained)")
         if self.window_start is not None:
             low, high = self.window_start
             if not 0 <= low <= high or high + size > self.steps - 1:
@@ -168,9 +162,7 @@ class EvaluateConfig(StrictModel):
     """Evaluation of stage checkpoints on held-out prompt templates."""
 
     after: list[str] = Field(default_factory=list)
-    dataset: str | None = Field(
-        None, description="held-out prompts, real images, judge; default: first dataset"
-    )
+    dataset: str | None = Field(None, description="held-out prompts, real images, judge; default: first dataset")
     conditions: str | None = Field(None, description="condition cache of the prompts; default: first one")
     samples: int = Field(500, ge=2, description="at least 2: the Frechet distance needs a covariance")
     steps: int = Field(20, ge=1)

@@ -147,17 +147,11 @@ def load_classifier(directory: Path, name: str) -> DigitClassifier:
             image_size=int(meta["image_size"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise FlowpostError(
-            f"classifier metadata is incomplete ({exc}); {RERUN_HINT}", where=str(meta_path)
-        ) from None
+        raise FlowpostError(f"classifier metadata is incomplete ({exc}); {RERUN_HINT}", where=str(meta_path)) from None
     if sha256_file(weights) != expected:
-        raise FlowpostError(
-            f"classifier weights do not match the recorded sha256; {RERUN_HINT}", where=str(weights)
-        )
+        raise FlowpostError(f"classifier weights do not match the recorded sha256; {RERUN_HINT}", where=str(weights))
     try:
         model.load_state_dict(safetensors.torch.load_file(weights))
     except (SafetensorError, RuntimeError) as exc:
-        raise FlowpostError(
-            f"classifier weights cannot be loaded ({exc}); {RERUN_HINT}", where=str(weights)
-        ) from None
+        raise FlowpostError(f"classifier weights cannot be loaded ({exc}); {RERUN_HINT}", where=str(weights)) from None
     return model.eval()

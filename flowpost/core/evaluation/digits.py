@@ -30,9 +30,7 @@ class EvalPlan:
         return [i % len(self.prompts) for i in range(self.samples)]
 
 
-def generate(
-    adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, negative: ConditionBatch
-) -> Tensor:
+def generate(adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, negative: ConditionBatch) -> Tensor:
     """Decoded samples [samples, C, H, W] in [0, 1] on the CPU; ``conditions`` rows align with ``plan.prompts``."""
     return generate_images(
         adapter,

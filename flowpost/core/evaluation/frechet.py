@@ -27,9 +27,7 @@ def feature_statistics(features: Tensor | np.ndarray) -> tuple[np.ndarray, np.nd
     return array.mean(axis=0), np.atleast_2d(np.cov(array, rowvar=False))
 
 
-def frechet_from_statistics(
-    mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray
-) -> float:
+def frechet_from_statistics(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray) -> float:
     """||mu_a - mu_b||² + Tr(Σa + Σb − 2(ΣaΣb)^½) for two Gaussians.
 
     A (near-)singular ΣaΣb gets ``EPS`` added to both diagonals first; the imaginary part that

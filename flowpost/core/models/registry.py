@@ -17,9 +17,7 @@ FAMILIES: dict[str, str] = {
 def adapter_class(family: str, *, where: str = "model.family") -> type[ModelAdapter]:
     """The adapter class registered for ``family``."""
     if family not in FAMILIES:
-        raise FlowpostError(
-            f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}", where=where
-        )
+        raise FlowpostError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}", where=where)
     module, _, attr = FAMILIES[family].partition(":")
     return getattr(importlib.import_module(module), attr)
 

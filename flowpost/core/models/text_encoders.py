@@ -72,7 +72,5 @@ class MiniLMEncoder:
 def build_encoder(name: str, *, max_length: int) -> MiniLMEncoder:
     """The encoder registered under ``name``."""
     if name != "minilm":
-        raise FlowpostError(
-            f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}", where="conditions.*.encoder"
-        )
+        raise FlowpostError(f"unknown encoder {name!r}; known: {', '.join(ENCODERS)}", where="conditions.*.encoder")
     return MiniLMEncoder(max_length=max_length)

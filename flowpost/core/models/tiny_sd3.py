@@ -80,9 +80,7 @@ class TinySD3Adapter(ModelAdapter):
         self.lora: dict[str, Any] | None = None
 
     @classmethod
-    def from_scratch(
-        cls, *, seed: int, shift: float = 1.0, overrides: dict[str, Any] | None = None
-    ) -> TinySD3Adapter:
+    def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict[str, Any] | None = None) -> TinySD3Adapter:
         from diffusers import SD3Transformer2DModel
 
         config = {**TRANSFORMER_DEFAULTS, **(overrides or {})}

@@ -31,7 +31,5 @@ class DigitAdherence:
         try:
             labels = torch.tensor([int(m["label"]) for m in metadata])
         except (KeyError, TypeError, ValueError):
-            raise FlowpostError(
-                "digit_adherence needs metadata['label'] for every sample", where="rewards"
-            ) from None
+            raise FlowpostError("digit_adherence needs metadata['label'] for every sample", where="rewards") from None
         return label_probability(self.classifier, media, labels)

@@ -20,9 +20,7 @@ def inference_sigmas(num_steps: int, *, shift: float = 1.0) -> Tensor:
     return shift_sigmas(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64), shift).float()
 
 
-def logit_normal_sigmas(
-    normals: Tensor, *, mean: float = 0.0, std: float = 1.0, shift: float = 1.0
-) -> Tensor:
+def logit_normal_sigmas(normals: Tensor, *, mean: float = 0.0, std: float = 1.0, shift: float = 1.0) -> Tensor:
     """Training sigmas: ``shift(sigmoid(mean + std * n))`` for standard-normal draws ``n``."""
     return shift_sigmas(torch.sigmoid(mean + std * normals), shift)
 

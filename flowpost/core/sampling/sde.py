@@ -125,17 +125,13 @@ def sde_step(
     if not (bool((sigma_next_t >= 0).all()) and bool((sigma_t <= 1).all())):
         raise ValueError("sigmas must lie in [0, 1]")
     if noise is not None and noise.shape != sample.shape:
-        raise ValueError(
-            f"noise shape {tuple(noise.shape)} does not match sample shape {tuple(sample.shape)}"
-        )
+        raise ValueError(f"noise shape {tuple(noise.shape)} does not match sample shape {tuple(sample.shape)}")
 
     x = sample.float()
     v = model_output.float()
     if dynamics == "cps":
         angle = noise_level * math.pi / 2.0
-        mean = (1.0 - sigma_next_t) * (x - sigma_t * v) + sigma_next_t * math.cos(angle) * (
-            x + (1.0 - sigma_t) * v
-        )
+        mean = (1.0 - sigma_next_t) * (x - sigma_t * v) + sigma_next_t * math.cos(angle) * (x + (1.0 - sigma_t) * v)
     else:
         delta = sigma_next_t - sigma_t
         if dynamics == "ode":

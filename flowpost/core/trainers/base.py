@@ -104,9 +104,7 @@ class BaseTrainer(GenerationMixin, ABC):
         model = adapter.module()
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay
-        )
+        optimizer = torch.optim.AdamW(params, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay)
         warmup = args.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0

@@ -71,8 +71,7 @@ class GenerationMixin:
         ).to(device)
         window = self.rollout_window(iteration)
         step_noise = {
-            j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device)
-            for j in window
+            j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device) for j in window
         }
         sigmas = inference_sigmas(sampling.steps, shift=self.adapter.shift)
         batch = conditions.lookup(prompts).to(device)
@@ -82,11 +81,7 @@ class GenerationMixin:
         for start in range(0, len(indices), max(local, 1)):
             rows = list(range(start, min(start + local, len(indices))))
             state = self.adapter.prepare_condition_state(batch.index(rows))
-            negative = (
-                self.adapter.prepare_condition_state(null.index([0] * len(rows)))
-                if null is not None
-                else None
-            )
+            negative = self.adapter.prepare_condition_state(null.index([0] * len(rows))) if null is not None else None
             parts.append(
                 sample_trajectory(
                     self.adapter,

@@ -30,9 +30,7 @@ def digits() -> Split:
     images = torch.tensor(data.images / 16.0, dtype=torch.float32)[:, None]
     images = F.interpolate(images, size=(16, 16), mode="bilinear", align_corners=False)
     labels = torch.tensor(data.target, dtype=torch.long)
-    train, test = train_test_split(
-        np.arange(len(labels)), test_size=0.2, random_state=0, stratify=data.target
-    )
+    train, test = train_test_split(np.arange(len(labels)), test_size=0.2, random_state=0, stratify=data.target)
     return images[train], labels[train], images[test], labels[test]
 
 

@@ -125,9 +125,7 @@ def test_condition_state_zeroes_padding_tokens(adapter: TinySD3Adapter) -> None:
     assert torch.equal(state.encoder_hidden_states[:, : TOKENS // 2], batch.token_states[:, : TOKENS // 2])
     assert torch.equal(state.pooled_projections, batch.pooled)
     # what padded tokens held does not change the prediction
-    noisy = ConditionBatch(
-        token_states=batch.token_states.clone(), token_mask=batch.token_mask, pooled=batch.pooled
-    )
+    noisy = ConditionBatch(token_states=batch.token_states.clone(), token_mask=batch.token_mask, pooled=batch.pooled)
     noisy.token_states[:, TOKENS // 2 :] += 10.0
     latents, sigma, _ = _inputs(adapter)
     with torch.no_grad():
@@ -289,9 +287,7 @@ def test_encode_and_decode_invert_each_other(adapter: TinySD3Adapter) -> None:
     assert float(latents.min()) >= -1.0 and float(latents.max()) <= 1.0
     assert float(latents[0, 0, 0, 0]) == -1.0 and float(latents[0, 0, 0, 1]) == 1.0
     torch.testing.assert_close(adapter.decode(latents), media, rtol=0, atol=1e-6)
-    torch.testing.assert_close(
-        adapter.encode_output_state(adapter.decode(latents)), latents, rtol=0, atol=1e-6
-    )
+    torch.testing.assert_close(adapter.encode_output_state(adapter.decode(latents)), latents, rtol=0, atol=1e-6)
 
 
 def test_decode_clamps_to_unit_interval(adapter: TinySD3Adapter) -> None:

@@ -26,9 +26,7 @@ def _pil_jpeg_kb(array: np.ndarray) -> float:
 @pytest.mark.parametrize("channels", [1, 3])
 def test_noise_is_less_compressible_than_a_flat_image(channels: int) -> None:
     generator = torch.Generator().manual_seed(0)
-    media = torch.stack(
-        [torch.full((channels, 32, 32), 0.5), torch.rand(channels, 32, 32, generator=generator)]
-    )
+    media = torch.stack([torch.full((channels, 32, 32), 0.5), torch.rand(channels, 32, 32, generator=generator)])
     incompressibility = JpegIncompressibility()(media, ["", ""], [{}, {}])
     assert incompressibility.dtype == torch.float32 and incompressibility.shape == (2,)
     assert incompressibility[1] > incompressibility[0] > 0
@@ -77,9 +75,7 @@ def test_weighted_sum_and_metrics() -> None:
 
 def test_duplicate_names_and_bad_shapes_are_rejected() -> None:
     with pytest.raises(FlowpostError, match="listed twice") as info:
-        WeightedRewards(
-            [(Constant("a", [1.0]), 1.0), (Constant("a", [2.0]), 1.0)], where="stages.grpo.rewards"
-        )
+        WeightedRewards([(Constant("a", [1.0]), 1.0), (Constant("a", [2.0]), 1.0)], where="stages.grpo.rewards")
     assert info.value.where == "stages.grpo.rewards.1.name"
     with pytest.raises(FlowpostError, match="at least one"):
         WeightedRewards([])

@@ -14,9 +14,7 @@ SMALL = {"prompts_per_iteration": 2, "group_size": 4, "rollout_batch_size": 8, "
 
 @pytest.mark.parametrize("dynamics", ["flow-sde", "dance-sde", "cps"])
 @pytest.mark.parametrize("guidance", [1.0, 3.0])
-def test_replay_reproduces_rollout_log_probs_at_the_training_micro_batch(
-    make_trainer, tmp_path, dynamics, guidance
-):
+def test_replay_reproduces_rollout_log_probs_at_the_training_micro_batch(make_trainer, tmp_path, dynamics, guidance):
     trainer = make_trainer(
         tmp_path,
         cls=GRPOTrainer,
@@ -76,16 +74,29 @@ def test_a_grpo_stage_runs_checkpoints_and_resumes_to_identical_weights(make_tra
     assert (progress.rollout_iteration, progress.optimizer_step) == (3, 6)
     steps = [e for e in read_events(tmp_path / "straight" / "events.jsonl") if e["event"] == "step"]
     assert [e["step"] for e in steps] == [1, 2, 3]
-    assert {"reward/total_mean", "advantage/zero_std_ratio", "kl", "clip_fraction"} <= set(
-        steps[-1]["metrics"]
-    )
+    assert {"reward/total_mean", "advantage/zero_std_ratio", "kl", "clip_fraction"} <= set(steps[-1]["metrics"])
 
-    first = make_trainer(
-        tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **{**settings, "iterations": 2}
-    )
+    first = make_trainer(tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **{**settings, "iterations": 2})
     first.start()
     resumed = make_trainer(tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **settings)
     resumed.start()
     a, b = straight.adapter.module().state_dict(), resumed.adapter.module().state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert "ref" in resumed.adapter.snapshots.names()
+
+
+def test_check_consistency_reports_a_ratio_of_one_before_any_update(make_trainer, tmp_path):
+    from flowpost.core.diagnostics import check_consistency
+
+    trainer = make_trainer(tmp_path, cls=GRPOTrainer, rewards=JPEG, sampling={"steps": 5, "window": 2}, **SMALL)
+    report = check_consistency(trainer)
+    assert report["ok"] and report["max_abs_ratio_error"] < 1e-5
+    assert report["micro_batch"] == 4 and len(report["steps"]) == 2 == len(report["per_step_log_prob_mismatch"])
+
+
+def test_check_consistency_refuses_a_trainer_that_does_not_replay(make_trainer, tmp_path):
+    from flowpost.core.diagnostics import check_consistency
+    from flowpost.errors import FlowpostError
+
+    with pytest.raises(FlowpostError, match="not a coupled trainer"):
+        check_consistency(make_trainer(tmp_path))

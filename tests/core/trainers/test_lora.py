@@ -39,6 +39,4 @@ def test_sft_with_lora_trains_only_adapters_and_exports_merged_weights(make_trai
     torch.testing.assert_close(_velocity(exported), _velocity(live), atol=1e-5, rtol=1e-4)
     untrained = SD3Transformer2DModel.from_config(live.config).eval()
     untrained.load_state_dict(fresh_weights)
-    assert not torch.allclose(
-        _velocity(exported), _velocity(untrained), atol=1e-4
-    )  # the merge carries training
+    assert not torch.allclose(_velocity(exported), _velocity(untrained), atol=1e-4)  # the merge carries training

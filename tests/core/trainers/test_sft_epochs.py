@@ -58,13 +58,9 @@ def _weights(trainer: SFTTrainer) -> dict[str, torch.Tensor]:
 def test_resume_from_a_mid_epoch_checkpoint_is_bit_identical(make_trainer, tmp_path):
     straight = make_trainer(tmp_path / "straight", gradient_accumulation_steps=2, max_steps=5, resume=False)
     straight.start()
-    interrupted = make_trainer(
-        tmp_path / "resumed", gradient_accumulation_steps=2, max_steps=3, checkpoint_every=1
-    )
+    interrupted = make_trainer(tmp_path / "resumed", gradient_accumulation_steps=2, max_steps=3, checkpoint_every=1)
     interrupted.start()  # stops at step 3: mid epoch 1 (cursor 2)
-    resumed = make_trainer(
-        tmp_path / "resumed", gradient_accumulation_steps=2, max_steps=5, checkpoint_every=1
-    )
+    resumed = make_trainer(tmp_path / "resumed", gradient_accumulation_steps=2, max_steps=5, checkpoint_every=1)
     progress = resumed.start()
     assert progress.optimizer_step == 5 and progress.data_epoch == 2
     expected, actual = _weights(straight), _weights(resumed)
@@ -75,9 +71,7 @@ def test_resume_from_a_mid_epoch_checkpoint_is_bit_identical(make_trainer, tmp_p
 def test_final_weights_and_events_are_written(make_trainer, tmp_path):
     from flowpost.core.events import read_events
 
-    trainer = make_trainer(
-        tmp_path, gradient_accumulation_steps=2, max_steps=2, callbacks={"ema": {"decay": 0.5}}
-    )
+    trainer = make_trainer(tmp_path, gradient_accumulation_steps=2, max_steps=2, callbacks={"ema": {"decay": 0.5}})
     trainer.start()
     assert (tmp_path / "final" / "live" / "transformer" / "config.json").exists()
     assert (tmp_path / "final" / "ema" / "transformer" / "config.json").exists()

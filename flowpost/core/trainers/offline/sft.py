@@ -80,9 +80,7 @@ class SFTTrainer(BaseTrainer):
         sigma = logit_normal_sigmas(
             normals, mean=self.args.logit_mean, std=self.args.logit_std, shift=self.adapter.shift
         ).to(device)
-        prompts = [
-            NULL_PROMPT if drop else p for p, drop in zip(batch["prompt"], dropped.tolist(), strict=True)
-        ]
+        prompts = [NULL_PROMPT if drop else p for p, drop in zip(batch["prompt"], dropped.tolist(), strict=True)]
         state = self.adapter.prepare_condition_state(self.conditions.lookup(prompts).to(device, x0.dtype))
         velocity = self.adapter.velocity(noised(x0, noise, sigma), sigma, state)
         return {"loss": flow_matching_loss(velocity, noise, x0)}

@@ -29,9 +29,7 @@ class GroupPlan:
         return range(rank * size, (rank + 1) * size)
 
 
-def plan_groups(
-    pool_size: int, *, prompts: int, group_size: int, seed: int, stage: str, iteration: int
-) -> GroupPlan:
+def plan_groups(pool_size: int, *, prompts: int, group_size: int, seed: int, stage: str, iteration: int) -> GroupPlan:
     """Draw ``prompts`` prompts from a pool (without replacement when it is large enough)."""
     generator = addressed_generator(seed, stage, iteration, 0, "prompts")
     if prompts <= pool_size:

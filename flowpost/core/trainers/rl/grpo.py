@@ -27,9 +27,7 @@ class GRPOArguments(OnlineArguments):
 
     clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip epsilon")
     kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
-    kl_space: Literal["x", "v"] = Field(
-        "x", description="x: Gaussian KL of transition means; v: velocity MSE"
-    )
+    kl_space: Literal["x", "v"] = Field("x", description="x: Gaussian KL of transition means; v: velocity MSE")
     inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
 
 
@@ -79,9 +77,7 @@ class GRPOTrainer(BaseTrainer):
         state = self.adapter.prepare_condition_state(batch.conditions.to(device))
         if self.sampling.guidance == 1.0:
             return state, None
-        null = self.inputs.require("conditions", where=f"stages.{self.stage}.data").lookup(
-            [NULL_PROMPT] * len(batch)
-        )
+        null = self.inputs.require("conditions", where=f"stages.{self.stage}.data").lookup([NULL_PROMPT] * len(batch))
         return state, self.adapter.prepare_condition_state(null.to(device))
 
     def _replay_step(
@@ -90,9 +86,7 @@ class GRPOTrainer(BaseTrainer):
         """The current policy's velocity and transition at stored step ``i``, scoring stored ``x_{j+1}``."""
         sampling, device = self.sampling, self.accelerator.device
         x = batch.latents[:, i].to(device)
-        velocity = self.adapter.forward(
-            x, batch.sigmas[i], state, guidance=sampling.guidance, negative=negative
-        )
+        velocity = self.adapter.forward(x, batch.sigmas[i], state, guidance=sampling.guidance, negative=negative)
         out = sde_step(
             sampling.dynamics,
             velocity,
