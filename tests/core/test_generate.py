@@ -127,17 +127,17 @@ class _DeviceRecordingAdapter(ModelAdapter):
     # unused by sampling
     @classmethod
     def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict | None = None) -> ModelAdapter:
-        raise NotImplementedError
+        raise AssertionError("sampling never calls this")
 
     @classmethod
     def from_pretrained(cls, path: Any) -> ModelAdapter:
-        raise NotImplementedError
+        raise AssertionError("sampling never calls this")
 
     def save_pretrained(self, path: Any) -> None:
-        raise NotImplementedError
+        raise AssertionError("sampling never calls this")
 
     def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
-        raise NotImplementedError
+        raise AssertionError("sampling never calls this")
 
     def describe(self) -> dict:
         return {}
