@@ -312,3 +312,11 @@ def test_cli_validate_yaml_error_without_traceback(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert str(path) in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "example", sorted((Path(__file__).parents[3] / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_example_pipeline_validates(example: Path) -> None:
+    pipeline = load_pipeline(example)
+    assert pipeline.stages
