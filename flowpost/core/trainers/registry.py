@@ -14,10 +14,14 @@ if TYPE_CHECKING:
 TRAINERS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTTrainer",
     "grpo": "flowpost.core.trainers.rl.grpo:GRPOTrainer",
+    "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardTrainer",
+    "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",
 }
 ARGUMENTS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTArguments",
     "grpo": "flowpost.core.trainers.rl.grpo:GRPOArguments",
+    "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardArguments",
+    "dppo": "flowpost.core.trainers.rl.dppo:DPPOArguments",
 }
 
 

@@ -19,16 +19,21 @@ from flowpost.core.trainers.rl.rollout import Rollout
 REFERENCE = "ref"
 
 
-class GRPOArguments(OnlineArguments):
-    """``train:`` of a GRPO stage."""
+class CoupledArguments(OnlineArguments):
+    """What every trainer on replayed SDE transitions shares (GRPO and its strict extensions)."""
 
     execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
 
-    clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip epsilon")
     kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
     kl_space: Literal["x", "v"] = Field("x", description="x: Gaussian KL of transition means; v: velocity MSE")
     inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
+
+
+class GRPOArguments(CoupledArguments):
+    """``train:`` of a GRPO stage."""
+
+    clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip epsilon")
 
 
 def ppo_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float) -> Tensor:
@@ -44,7 +49,7 @@ class GRPOTrainer(BaseTrainer):
 
     execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
-    args: GRPOArguments
+    args: CoupledArguments
 
     def setup(self) -> None:
         if self.args.kl_beta > 0:
@@ -113,14 +118,13 @@ class GRPOTrainer(BaseTrainer):
         state, negative = self._condition_states(batch)
         advantages = batch.advantages.to(device).float()
         steps = len(batch.steps)
-        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        totals: dict[str, float] = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0}
         for i in range(steps):
-            old = batch.log_probs[:, i].to(device)
             if args.kl_beta > 0:
                 with torch.no_grad(), self.adapter.use_snapshot(REFERENCE):
                     v_ref, ref = self._replay_step(batch, i, state, negative)
             velocity, out = self._replay_step(batch, i, state, negative)
-            policy = ppo_clip_loss(out.log_prob, old, advantages, args.clip_range)
+            policy, extra = self.policy_loss(out, batch, i, advantages)
             kl = torch.zeros((), device=device)
             if args.kl_beta > 0 and args.kl_space == "x":
                 kl = gaussian_kl_mean(out.mean, ref.mean, out.std).mean()
@@ -128,9 +132,19 @@ class GRPOTrainer(BaseTrainer):
                 kl = (velocity.float() - v_ref.float()).pow(2).flatten(1).mean(1).mean()
             loss = policy + args.kl_beta * kl
             self.backward(loss * scale / steps)
-            ratio = torch.exp(out.log_prob.detach() - old)
             totals["loss"] += float(loss.detach()) / steps
             totals["policy_loss"] += float(policy.detach()) / steps
             totals["kl"] += float(kl.detach()) / steps
-            totals["clip_fraction"] += float(((ratio - 1).abs() > args.clip_range).float().mean()) / steps
+            for key, value in extra.items():
+                totals[key] = totals.get(key, 0.0) + value / steps
         return totals
+
+    def policy_loss(
+        self, out: StepOutput, batch: Rollout, i: int, advantages: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
+        """PPO-clip on stored step ``i``; returns the loss and per-step metrics."""
+        old = batch.log_probs[:, i].to(out.log_prob.device)
+        clip = self.args.clip_range  # type: ignore[attr-defined]
+        ratio = torch.exp(out.log_prob.detach() - old)
+        clipped = float(((ratio - 1).abs() > clip).float().mean())
+        return ppo_clip_loss(out.log_prob, old, advantages, clip), {"clip_fraction": clipped}
