@@ -159,6 +159,46 @@ def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards"
         typer.echo(f"{name}\t{target}")
 
 
+@app.command("reward-server")
+def reward_server(
+    name: Annotated[str, typer.Argument(help="a registered reward (flowpost list rewards)")],
+    option: Annotated[
+        list[str] | None, typer.Option("--option", help="constructor option, e.g. assets_dir=data")
+    ] = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8765,
+    token_env: Annotated[
+        str | None, typer.Option("--token-env", help="environment variable holding a bearer token to require")
+    ] = None,
+) -> None:
+    """Serve a registered reward over HTTP (POST /score, GET /health) until Ctrl-C."""
+    import yaml
+
+    from flowpost.core.rewards.registry import build_reward
+    from flowpost.core.rewards.server import serve_reward
+
+    where = "flowpost reward-server"
+    options = {}
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise FlowpostError(f"--option {item!r} must be KEY=VALUE", where=where)
+        options[key] = yaml.safe_load(value)
+    token = None
+    if token_env is not None:
+        token = os.environ.get(token_env)
+        if not token:
+            raise FlowpostError(f"environment variable {token_env} (--token-env) is not set", where=where)
+    server = serve_reward(build_reward(name, options=options, where=where), host=host, port=port, token=token)
+    typer.echo(f"serving reward {name!r} at {server.url} (health: GET /health); Ctrl-C stops")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
 def _print_event(event: dict) -> None:
     if event.get("event") == "start" and event.get("resumed_from"):
         typer.echo(f"resuming from {event['resumed_from']} (step {event['step']})")

@@ -1,0 +1,187 @@
+"""``remote``: a reward scored by an HTTP server (see ``server.py`` for the protocol)."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import math
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import torch
+from PIL import Image
+from torch import Tensor
+
+from flowpost.errors import FlowpostError
+
+IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG"}
+JPEG_QUALITY = 95
+
+
+def encode_images(media: Tensor, image_format: str = "png") -> list[str]:
+    """Base64 strings of ``media`` [B, 1 or 3, H, W] in [0, 1], quantised to uint8 and encoded as ``image_format``."""
+    if media.ndim != 4 or media.shape[1] not in (1, 3):
+        raise FlowpostError(
+            f"remote rewards need grayscale or RGB media [B, 1 or 3, H, W], got {tuple(media.shape)}", where="rewards"
+        )
+    pixels = (media.detach().float() * 255).round().clamp(0, 255).to(torch.uint8)
+    encoded = []
+    for image in pixels.permute(0, 2, 3, 1).cpu().numpy():
+        buffer = io.BytesIO()
+        options = {"quality": JPEG_QUALITY} if image_format == "jpeg" else {}
+        Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).save(
+            buffer, format=IMAGE_FORMATS[image_format], **options
+        )
+        encoded.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
+    return encoded
+
+
+def _json_value(value: Any) -> Any:
+    """Numpy/torch scalars and arrays in metadata become plain lists and numbers."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _error_detail(body: bytes) -> str:
+    """The ``error`` of a JSON error answer, else the body as text; at most 200 characters."""
+    text = body.decode("utf-8", "replace")
+    try:
+        answer = json.loads(text)
+    except json.JSONDecodeError:
+        return text[:200]
+    return str(answer["error"])[:200] if isinstance(answer, dict) and "error" in answer else text[:200]
+
+
+class RemoteReward:
+    """POSTs ``{"prompts", "metadata", "images"}`` (base64 PNG per sample) to ``url``; reads ``{"scores"}``.
+
+    Connection errors, timeouts and HTTP 5xx are retried ``retries`` times, sleeping
+    ``backoff * 2**attempt`` seconds before each retry; 4xx answers are not retried. With
+    ``token_env``, the environment variable of that name holds a bearer token, sent as
+    ``Authorization: Bearer ...``; the token never appears in configs, logs or errors.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "remote",
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        token_env: str | None = None,
+        image_format: str = "png",
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise FlowpostError(
+                f"remote reward url must be http(s)://HOST[:PORT]/PATH, got scheme {parts.scheme!r} "
+                f"and host {parts.hostname!r}",
+                where="rewards",
+            )
+        if parts.username is not None or parts.password is not None:
+            raise FlowpostError(
+                "remote reward url must not contain credentials; put a token in an environment variable "
+                "and name it with token_env",
+                where="rewards",
+            )
+        self.where = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        if image_format not in IMAGE_FORMATS:
+            raise FlowpostError(
+                f"image_format must be one of {', '.join(IMAGE_FORMATS)}, got {image_format!r}", where=self.where
+            )
+        if timeout <= 0 or retries < 0 or backoff < 0:
+            raise FlowpostError("remote reward needs timeout > 0, retries >= 0 and backoff >= 0", where=self.where)
+        self.url = url
+        self.name = name
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.token_env = token_env
+        self.image_format = image_format
+        self._token()  # fail at construction, not at the first batch
+
+    def _token(self) -> str | None:
+        if self.token_env is None:
+            return None
+        token = os.environ.get(self.token_env)
+        if not token:
+            raise FlowpostError(
+                f"environment variable {self.token_env} (token_env of reward {self.name!r}) is not set",
+                where=self.where,
+            )
+        return token
+
+    def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
+        batch = media.shape[0]
+        if batch == 0:
+            return torch.zeros(0, dtype=torch.float32, device=media.device)
+        try:
+            body = json.dumps(
+                {
+                    "prompts": list(prompts),
+                    "metadata": list(metadata),
+                    "images": encode_images(media, self.image_format),
+                },
+                default=_json_value,
+            ).encode()
+        except (TypeError, ValueError) as exc:
+            raise FlowpostError(f"prompts and metadata must be JSON serialisable ({exc})", where=self.where) from None
+        scores = self._parse(self._post(body), batch)
+        return torch.tensor(scores, dtype=torch.float32, device=media.device)
+
+    def _post(self, body: bytes) -> bytes:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        token = self._token()
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        last_error = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return response.read()
+            except urllib.error.HTTPError as exc:
+                detail = _error_detail(exc.read())
+                if exc.code < 500:
+                    raise FlowpostError(
+                        f"reward server answered HTTP {exc.code} {exc.reason}: {detail}", where=self.where
+                    ) from None
+                last_error = f"HTTP {exc.code} {exc.reason}: {detail}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                last_error = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+        raise FlowpostError(
+            f"reward server failed {self.retries + 1} attempts (1 + {self.retries} retries); last error: {last_error}",
+            where=self.where,
+        )
+
+    def _parse(self, raw: bytes, batch: int) -> list[float]:
+        try:
+            answer = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            excerpt = raw[:200].decode("utf-8", "replace")
+            raise FlowpostError(f"reward server answered non-JSON: {excerpt!r}", where=self.where) from None
+        if not isinstance(answer, dict) or "scores" not in answer:
+            raise FlowpostError(f'reward server answer has no "scores": {json.dumps(answer)[:200]}', where=self.where)
+        scores = answer["scores"]
+        if not isinstance(scores, list) or len(scores) != batch:
+            got = f"{len(scores)} scores" if isinstance(scores, list) else type(scores).__name__
+            raise FlowpostError(
+                f'reward server "scores" must be a list of {batch} numbers, got {got}', where=self.where
+            )
+        for i, score in enumerate(scores):
+            if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+                raise FlowpostError(
+                    f"reward server score {i} is {score!r}; every score must be a finite number", where=self.where
+                )
+        return [float(score) for score in scores]
