@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from flowpost.core.io import read_json
+from flowpost.core.lazy import import_object
 from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
 from flowpost.errors import FlowpostError
 
@@ -18,8 +18,7 @@ def adapter_class(family: str, *, where: str = "model.family") -> type[ModelAdap
     """The adapter class registered for ``family``."""
     if family not in FAMILIES:
         raise FlowpostError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}", where=where)
-    module, _, attr = FAMILIES[family].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return import_object(FAMILIES[family])
 
 
 def load_adapter(path: str | Path) -> ModelAdapter:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from flowpost.core.lazy import import_object
 from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
@@ -23,8 +23,7 @@ def _reward_class(name: str, where: str) -> type:
     if name not in REWARDS:
         known = ", ".join(sorted(REWARDS))
         raise FlowpostError(f"unknown reward {name!r}; known rewards: {known}", where=where)
-    module, _, attr = REWARDS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return import_object(REWARDS[name])
 
 
 def reward_parameters(name: str, *, where: str) -> list[str]:

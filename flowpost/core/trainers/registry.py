@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from flowpost.core.lazy import import_object
 from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
@@ -25,11 +25,6 @@ ARGUMENTS: dict[str, str] = {
 }
 
 
-def _load(path: str) -> type:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def _check_name(name: str, where: str) -> str:
     if name not in TRAINERS:
         known = ", ".join(sorted(TRAINERS))
@@ -39,12 +34,12 @@ def _check_name(name: str, where: str) -> str:
 
 def arguments_class(name: str, *, where: str = "trainer") -> type[TrainerArguments]:
     """The arguments class registered for trainer ``name``."""
-    return _load(ARGUMENTS[_check_name(name, where)])
+    return import_object(ARGUMENTS[_check_name(name, where)])
 
 
 def trainer_class(name: str, *, where: str = "trainer") -> type[BaseTrainer]:
     """The trainer class registered for ``name``, checked against its arguments class."""
-    trainer = _load(TRAINERS[_check_name(name, where)])
+    trainer = import_object(TRAINERS[_check_name(name, where)])
     check_contracts(trainer, arguments_class(name, where=where), where=where)
     return trainer
 
