@@ -164,14 +164,14 @@ class BaseTrainer(GenerationMixin, ABC):
         """sample -> (rewards and advantages, by the base) -> optimize, once per iteration."""
         while self.progress.rollout_iteration < budget:
             samples = self.sample()
-            metrics: dict[str, float] = {}
+            self._feedback_metrics = {}
             if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
-                metrics |= self.score(samples)
-            self._unit_metrics = metrics
+                self._feedback_metrics = self._global_mean(self.score(samples))
+            self._unit_metrics = dict(self._feedback_metrics)
             self.optimize(samples)
             self.progress = self.progress.after_rollout()
             self._after_acquisition_cycle()
-            self._end_budget_unit(budget, self._global_mean(self._unit_metrics))
+            self._end_budget_unit(budget, self._unit_metrics)
 
     def _run_dataset_epochs(self, budget: int) -> None:
         loader = self.build_loader()
@@ -226,7 +226,7 @@ class BaseTrainer(GenerationMixin, ABC):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress = self.progress.after_optimizer_step(micro_batches)
-        metrics = self._global_mean(metrics)
+        metrics = {**self._feedback_metrics, **self._global_mean(metrics)}  # trackers see this cycle's rewards
         self.callbacks.on_step_end(self, metrics)
         return metrics
 
@@ -248,6 +248,7 @@ class BaseTrainer(GenerationMixin, ABC):
     # -- state ---------------------------------------------------------------------------------
     _saved_progress: TrainingProgress | None = None
     _unit_metrics: dict[str, float] = {}
+    _feedback_metrics: dict[str, float] = {}
 
     def save_checkpoint(self) -> None:
         state = TrainingState(

@@ -100,3 +100,19 @@ def test_check_consistency_refuses_a_trainer_that_does_not_replay(make_trainer, 
 
     with pytest.raises(FlowpostError, match="not a coupled trainer"):
         check_consistency(make_trainer(tmp_path))
+
+
+def test_trackers_receive_the_rewards_of_each_iteration(make_trainer, tmp_path):
+    trainer = make_trainer(
+        tmp_path,
+        cls=GRPOTrainer,
+        rewards=JPEG,
+        sampling={"steps": 3},
+        iterations=2,
+        log_every=1,
+        callbacks={"trackers": ["dvclive"]},
+        **SMALL,
+    )
+    trainer.start()
+    rewards = tmp_path / "logs" / "dvclive" / "plots" / "metrics" / "reward" / "total_mean.tsv"
+    assert len(rewards.read_text().splitlines()) == 1 + 4  # header + one row per optimizer step
