@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from abc import ABC
 from collections import defaultdict
+from itertools import islice
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -190,9 +191,8 @@ class BaseTrainer(GenerationMixin, ABC):
         """One pass; ``data_epoch`` advances only when all ``usable`` batches ran cleanly."""
         sums: dict[str, float] = defaultdict(float)
         start = self.progress.epoch_cursor
-        for offset, batch in enumerate(loader.iter_epoch(self.progress.data_epoch, start_batch=start)):
-            if start + offset >= usable:
-                break
+        batches = islice(loader.iter_epoch(self.progress.data_epoch, start_batch=start), usable - start)
+        for offset, batch in enumerate(batches):
             self._micro_index = offset % accum
             outputs = self.optimize_batch(batch)
             self.backward(outputs["loss"] / accum)
@@ -206,8 +206,6 @@ class BaseTrainer(GenerationMixin, ABC):
                 self._end_budget_unit(budget, metrics)
                 if self.progress.optimizer_step >= budget:
                     return
-        if self.progress.epoch_cursor >= usable:
-            self._finish_epoch()
 
     def _finish_epoch(self) -> None:
         self.progress = self.progress.after_epoch()
