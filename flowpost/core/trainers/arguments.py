@@ -58,6 +58,7 @@ class OnlineArguments(TrainerArguments):
     rollout_batch_size: int = Field(64, ge=1, description="global samples per rollout forward pass")
     train_batch_size: int = Field(32, ge=1, description="global samples per training micro-batch")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
     advantage_std: Literal["group", "global"] = "group"
     advantage_clip: float = Field(5.0, gt=0)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from flowpost.core.advantages import advantage_metrics, group_advantages
+from flowpost.core.contracts import Paradigm
 from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.sampling.schedules import inference_sigmas
@@ -29,11 +31,14 @@ class GenerationMixin:
     adapter: ModelAdapter
     args: Any
     inputs: StageInputs
+    paradigm: Paradigm
     progress: TrainingProgress
     rewards: WeightedRewards | None
     sampling: SamplingConfig
     spec: StageSpec
     stage: str
+    step_optimizer: Callable[..., dict[str, float]]
+    _unit_metrics: dict[str, float]
 
     def rollout_window(self, iteration: int) -> range:
         """The steps sampled with SDE dynamics (and stored for training) in ``iteration``."""
@@ -70,6 +75,7 @@ class GenerationMixin:
             shape, indices=group_ids if sampling.same_group_noise else indices, purpose="initial", **address
         ).to(device)
         window = self.rollout_window(iteration)
+        store = self.paradigm is Paradigm.COUPLED
         step_noise = {
             j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device) for j in window
         }
@@ -94,10 +100,11 @@ class GenerationMixin:
                     noise_level=sampling.noise_level,
                     guidance=sampling.guidance,
                     negative=negative,
+                    store=store,
                 )
             )
         traj = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-        steps = torch.tensor(list(window))
+        steps = torch.tensor(list(window) if store else [], dtype=torch.long)
         return Rollout(
             prompts=prompts,
             metadata=metadata,
@@ -109,6 +116,30 @@ class GenerationMixin:
             sigmas_next=sigmas[steps + 1],
             **traj,
         )
+
+    def train_on_rollout(self, samples: Rollout, loss: Callable[[Rollout, float], dict[str, float]]) -> None:
+        """``inner_epochs`` shuffled passes over ``samples`` in micro-batches, stepping every accumulation.
+
+        ``loss(micro_batch, scale)`` backpropagates its loss times ``scale`` and returns metrics; a
+        trailing partial accumulation window is dropped unless it is the only one.
+        """
+        args = self.args
+        local_batch = max(args.train_batch_size // self.accelerator.num_processes, 1)
+        accum = args.gradient_accumulation_steps
+        for epoch in range(args.inner_epochs):
+            generator = addressed_generator(
+                self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle"
+            )
+            order = torch.randperm(len(samples), generator=generator).tolist()
+            batches = [order[i : i + local_batch] for i in range(0, len(order), local_batch)]
+            usable = len(batches) - len(batches) % accum or len(batches)
+            sums: dict[str, float] = {}
+            for number, rows in enumerate(batches[:usable]):
+                for key, value in loss(samples.select(rows), 1.0 / accum).items():
+                    sums[key] = sums.get(key, 0.0) + value / accum
+                if (number + 1) % accum == 0 or number + 1 == usable:
+                    self._unit_metrics |= self.step_optimizer(sums)
+                    sums = {}
 
     def score(self, rollout: Rollout) -> dict[str, float]:
         """Rewards of this rank's samples, advantages over the gathered (all-rank) groups."""

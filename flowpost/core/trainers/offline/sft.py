@@ -14,6 +14,7 @@ from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import DatasetArguments
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import BatchLoader
+from flowpost.core.trainers.matching import flow_matching_loss, noised
 from flowpost.errors import FlowpostError
 
 
@@ -26,17 +27,6 @@ class SFTArguments(DatasetArguments):
     logit_mean: float = 0.0
     logit_std: float = Field(1.0, gt=0)
     cfg_dropout: float = Field(0.1, ge=0, le=1, description="probability of the null prompt")
-
-
-def flow_matching_loss(velocity: torch.Tensor, noise: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-    """Mean over all elements of ``(v - (noise - x0))**2``, computed in fp32."""
-    return (velocity.float() - (noise.float() - x0.float())).pow(2).mean()
-
-
-def noised(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """``(1 - sigma) * x0 + sigma * noise`` with per-sample sigma [B]."""
-    s = sigma.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
-    return (1.0 - s) * x0 + s * noise
 
 
 class SFTTrainer(BaseTrainer):

@@ -10,7 +10,6 @@ from torch import Tensor
 
 from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
 from flowpost.core.models.base import NULL_PROMPT, ConditionState
-from flowpost.core.noise import addressed_generator
 from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, sde_step
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
@@ -27,7 +26,6 @@ class CoupledArguments(OnlineArguments):
 
     kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
     kl_space: Literal["x", "v"] = Field("x", description="x: Gaussian KL of transition means; v: velocity MSE")
-    inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
 
 
 class GRPOArguments(CoupledArguments):
@@ -59,23 +57,7 @@ class GRPOTrainer(BaseTrainer):
         return self.generate_samples()
 
     def optimize(self, samples: Rollout) -> None:
-        args = self.args
-        local_batch = max(args.train_batch_size // self.accelerator.num_processes, 1)
-        accum = args.gradient_accumulation_steps
-        for epoch in range(args.inner_epochs):
-            generator = addressed_generator(
-                self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle"
-            )
-            order = torch.randperm(len(samples), generator=generator).tolist()
-            batches = [order[i : i + local_batch] for i in range(0, len(order), local_batch)]
-            usable = len(batches) - len(batches) % accum or len(batches)
-            sums: dict[str, float] = {}
-            for number, rows in enumerate(batches[:usable]):
-                for key, value in self.replay_loss(samples.select(rows), scale=1.0 / accum).items():
-                    sums[key] = sums.get(key, 0.0) + value / accum
-                if (number + 1) % accum == 0 or number + 1 == usable:
-                    self._unit_metrics |= self.step_optimizer(sums)
-                    sums = {}
+        self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale))
 
     def _condition_states(self, batch: Rollout) -> tuple[ConditionState, ConditionState | None]:
         device = self.accelerator.device

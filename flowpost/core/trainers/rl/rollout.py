@@ -19,7 +19,8 @@ class Rollout:
 
     ``latents[:, i]`` is ``x_j`` and ``next_latents[:, i]`` is ``x_{j+1}`` for the ``i``-th stored
     step ``j = steps[i]``, sampled at ``sigmas[i] -> sigmas_next[i]``; ``log_probs[:, i]`` its
-    rollout log-density and ``means[:, i]`` its rollout transition mean.
+    rollout log-density and ``means[:, i]`` its rollout transition mean. Decoupled trainers get
+    the final samples only: the four trajectory fields are ``None`` and ``steps`` is empty.
     """
 
     prompts: list[str]
@@ -31,10 +32,10 @@ class Rollout:
     steps: Tensor
     sigmas: Tensor
     sigmas_next: Tensor
-    latents: Tensor
-    next_latents: Tensor
-    log_probs: Tensor
-    means: Tensor
+    latents: Tensor | None = None
+    next_latents: Tensor | None = None
+    log_probs: Tensor | None = None
+    means: Tensor | None = None
     rewards: Tensor | None = None
     advantages: Tensor | None = None
 
@@ -72,8 +73,12 @@ def sample_trajectory(
     noise_level: float,
     guidance: float = 1.0,
     negative: ConditionState | None = None,
+    store: bool = True,
 ) -> dict[str, Tensor]:
-    """Integrate from ``noise``; steps in ``window`` use ``dynamics`` (noise ``step_noise[j]``), stored."""
+    """Integrate from ``noise``; steps in ``window`` use ``dynamics`` (noise ``step_noise[j]``).
+
+    With ``store`` the window's transitions are returned for replay; the final sample always is.
+    """
     x = noise
     stored: dict[str, list[Tensor]] = {"latents": [], "next_latents": [], "log_probs": [], "means": []}
     for j in range(len(sigmas) - 1):
@@ -82,13 +87,14 @@ def sample_trajectory(
             out = sde_step(
                 dynamics, velocity, x, sigmas[j], sigmas[j + 1], noise_level=noise_level, noise=step_noise[j]
             )
-            stored["latents"].append(x)
-            stored["next_latents"].append(out.prev_sample)
-            stored["log_probs"].append(out.log_prob)
-            stored["means"].append(out.mean)
+            if store:
+                stored["latents"].append(x)
+                stored["next_latents"].append(out.prev_sample)
+                stored["log_probs"].append(out.log_prob)
+                stored["means"].append(out.mean)
             x = out.prev_sample
         else:
             x = euler_step(velocity, x, sigmas[j], sigmas[j + 1])
-    result = {key: torch.stack(values, dim=1) for key, values in stored.items()}
+    result = {key: torch.stack(values, dim=1) for key, values in stored.items() if values}
     result["final"] = x
     return result
