@@ -12,9 +12,11 @@ if TYPE_CHECKING:
     from flowpost.core.rewards.base import Reward
 
 REWARDS: dict[str, str] = {
+    "clip_score": "flowpost.core.rewards.clip:ClipScore",
     "digit_adherence": "flowpost.core.rewards.digit_adherence:DigitAdherence",
     "jpeg_compressibility": "flowpost.core.rewards.jpeg:JpegCompressibility",
     "jpeg_incompressibility": "flowpost.core.rewards.jpeg:JpegIncompressibility",
+    "pickscore": "flowpost.core.rewards.clip:PickScore",
     "remote": "flowpost.core.rewards.remote:RemoteReward",
 }
 
@@ -34,7 +36,8 @@ def reward_parameters(name: str, *, where: str) -> list[str]:
 def build_reward(name: str, *, options: dict[str, Any], where: str) -> Reward:
     """Import the reward registered as ``name`` and construct it with ``options``.
 
-    ``where`` is the config path of this reward entry, used in error messages.
+    ``where`` is the config path of this reward entry, used in error messages; a scorer's error whose
+    ``where`` starts with ``options.`` is reported under this entry.
     """
     reward_class = _reward_class(name, where)
     signature = inspect.signature(reward_class)
@@ -50,4 +53,9 @@ def build_reward(name: str, *, options: dict[str, Any], where: str) -> Reward:
             f"bad options for reward {name!r} ({exc}); accepted parameters: {', '.join(accepted) or 'none'}",
             where=where,
         ) from None
-    return reward_class(**options)
+    try:
+        return reward_class(**options)
+    except FlowpostError as exc:
+        if exc.where is None or not exc.where.startswith("options."):
+            raise
+        raise FlowpostError(str(exc).removeprefix(f"{exc.where}: "), where=f"{where}.{exc.where}") from None
