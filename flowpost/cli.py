@@ -65,6 +65,30 @@ def run(
 
 
 @app.command()
+def plan(
+    pipeline: PipelineArg = None,
+    workspace: WorkspaceOpt = Path("workspace"),
+    set_: SetOpt = None,
+    smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
+    refresh: Annotated[bool, typer.Option("--refresh", help="plan as if every node reruns")] = False,
+) -> None:
+    """Print which nodes a run would reuse and which it would run (and why), without running anything."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from flowpost.tasks.plan import plan_run
+    from flowpost.tasks.runner import PipelineRun
+
+    config = _load(pipeline, set_, smoke=smoke)
+    table = Table(title=f"plan of pipeline {config.name} in {workspace}")
+    for column in ("node", "status", "why"):
+        table.add_column(column)
+    for row in plan_run(PipelineRun(config, workspace), refresh=refresh):
+        table.add_row(row.node, row.status, row.reason)
+    Console(width=160).print(table)
+
+
+@app.command()
 def stage(
     node: Annotated[str, typer.Argument(help="node id, e.g. train.sft")],
     pipeline: Annotated[Path | None, typer.Option("--pipeline", "-p")] = None,

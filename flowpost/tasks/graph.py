@@ -133,17 +133,22 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
+def fingerprint_inputs(nodes: list[Node], *, code: str | None = None) -> dict[str, dict[str, Any]]:
+    """Node id -> what its fingerprint hashes: kind, config, upstream fingerprints, code fingerprint."""
+    code = code or code_fingerprint()
+    inputs: dict[str, dict[str, Any]] = {}
+    prints: dict[str, str] = {}
+    for node in nodes:
+        inputs[node.id] = {
+            "kind": node.kind,
+            "config": node.config,
+            "deps": {d: prints[d] for d in node.deps},
+            "code": code,
+        }
+        prints[node.id] = sha256_json(inputs[node.id])
+    return inputs
+
+
 def fingerprints(nodes: list[Node], *, code: str | None = None) -> dict[str, str]:
     """Node id -> hash(kind, config, upstream fingerprints, code fingerprint)."""
-    code = code or code_fingerprint()
-    result: dict[str, str] = {}
-    for node in nodes:
-        result[node.id] = sha256_json(
-            {
-                "kind": node.kind,
-                "config": node.config,
-                "deps": {d: result[d] for d in node.deps},
-                "code": code,
-            }
-        )
-    return result
+    return {node: sha256_json(inputs) for node, inputs in fingerprint_inputs(nodes, code=code).items()}

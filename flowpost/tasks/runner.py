@@ -15,14 +15,14 @@ from typing import Any
 
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
-from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
+from flowpost.core.io import read_json, sha256_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
 from flowpost.tasks.evaluate import evaluate_stage
 from flowpost.tasks.export import export_stage
-from flowpost.tasks.graph import Node, build_nodes, fingerprints
+from flowpost.tasks.graph import Node, build_nodes, fingerprint_inputs
 from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
 
@@ -46,7 +46,8 @@ class PipelineRun:
         self.pipeline = pipeline
         self.workspace = Path(workspace).resolve()
         self.nodes = {node.id: node for node in build_nodes(pipeline)}
-        self.fingerprints = fingerprints(list(self.nodes.values()))
+        self.inputs = fingerprint_inputs(list(self.nodes.values()))
+        self.fingerprints = {node: sha256_json(inputs) for node, inputs in self.inputs.items()}
 
     def node(self, node_id: str) -> Node:
         if node_id not in self.nodes:
@@ -88,7 +89,14 @@ class PipelineRun:
         seconds = time.monotonic() - started
         write_json_atomic(
             out / COMPLETE,
-            {"node": node_id, "fingerprint": fingerprint, "outputs": outputs, "seconds": seconds},
+            {
+                "node": node_id,
+                "fingerprint": fingerprint,
+                "inputs": self.inputs[node_id],
+                "outputs": outputs,
+                "seconds": seconds,
+                "finished": time.time(),
+            },
         )
         return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
 

@@ -118,3 +118,27 @@ def test_a_node_whose_inputs_are_missing_is_refused(tmp_path: Path, tiny_pipelin
     run = PipelineRun(validate_pipeline(tiny_pipeline()), tmp_path)
     with pytest.raises(FlowpostError, match="acquire.digits"):
         run.execute("conditions.minilm")
+
+
+def test_plan_names_cached_nodes_and_why_the_others_would_run(workspace: Path, tiny_pipeline) -> None:
+    from flowpost.tasks.plan import plan_run
+
+    same = {row.node: row for row in plan_run(PipelineRun(validate_pipeline(tiny_pipeline()), workspace))}
+    assert {row.status for row in same.values()} == {"cached"} and list(same) == EXPECTED_NODES
+
+    changed = plan_run(PipelineRun(validate_pipeline(tiny_pipeline(lr=2e-4)), workspace))  # never run
+    rows = {row.node: row for row in changed}
+    assert [row.node for row in changed if row.status == "run"] == ["train.sft", "eval.sft", "export", "report"]
+    assert "config train.lr: " in rows["train.sft"].reason and "-> 0.0002" in rows["train.sft"].reason
+    assert "train.sft changed" in rows["eval.sft"].reason and "config" not in rows["eval.sft"].reason
+    assert rows["acquire.digits"].status == "cached"
+
+    refreshed = plan_run(PipelineRun(validate_pipeline(tiny_pipeline()), workspace), refresh=True)
+    assert {row.reason for row in refreshed} == {"--refresh"}
+
+
+def test_plan_on_an_empty_workspace_runs_everything(tmp_path: Path, tiny_pipeline) -> None:
+    from flowpost.tasks.plan import plan_run
+
+    rows = plan_run(PipelineRun(validate_pipeline(tiny_pipeline()), tmp_path))
+    assert [(row.status, row.reason) for row in rows] == [("run", "no earlier result")] * len(EXPECTED_NODES)
