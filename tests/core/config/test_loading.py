@@ -17,6 +17,7 @@ from flowpost.core.config.loading import (
 )
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.trainers.offline.sft import SFTArguments
+from flowpost.core.trainers.rl.grpo import GRPOArguments
 from flowpost.errors import FlowpostError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -35,9 +36,14 @@ def _error(overrides: list[str], path: str | Path | None = None) -> str:
 def test_default_pipeline_validates() -> None:
     pipeline = load_pipeline(None)
     assert isinstance(pipeline, PipelineConfig)
-    assert list(pipeline.stages) == ["sft"]
+    assert list(pipeline.stages) == ["sft", "grpo"]
     assert pipeline.stages["sft"].trainer == "sft"
     assert isinstance(pipeline.stages["sft"].arguments(), SFTArguments)
+    grpo = pipeline.stages["grpo"]
+    assert isinstance(grpo.arguments(), GRPOArguments)
+    assert grpo.model.init == "sft" and [r.name for r in grpo.rewards] == ["digit_adherence"]
+    assert grpo.sampling.guidance == 1.0 and pipeline.evaluate.guidance == 1.0
+    assert pipeline.evaluate.after == ["sft", "grpo"]
     assert default_pipeline_path().resolve() == DIGITS.resolve()
 
 
@@ -45,10 +51,10 @@ def test_default_pipeline_fills_evaluate_references() -> None:
     pipeline = load_pipeline(None)
     assert pipeline.evaluate.dataset in pipeline.datasets
     assert pipeline.evaluate.conditions in pipeline.conditions
-    assert pipeline.export is not None and pipeline.export.from_stage == "sft"
+    assert pipeline.export is not None and pipeline.export.from_stage == "grpo"
     # by_alias: the dumped form uses the YAML spelling and validates again
     dumped = pipeline_to_dict(pipeline)
-    assert dumped["export"]["from"] == "sft"
+    assert dumped["export"]["from"] == "grpo"
     assert validate_pipeline(dumped) == pipeline
 
 
@@ -210,15 +216,15 @@ def test_stage_names_must_be_plain_identifiers(tmp_path: Path) -> None:
 
 
 def test_a_grpo_stage_needs_a_known_reward() -> None:
-    grpo = "stages.grpo.{}"
+    rl = "stages.rl.{}"
     base = [
-        grpo.format("trainer=grpo"),
-        grpo.format("model.init=sft"),
-        grpo.format("data.dataset=digits"),
-        grpo.format("data.conditions=minilm"),
+        rl.format("trainer=grpo"),
+        rl.format("model.init=sft"),
+        rl.format("data.dataset=digits"),
+        rl.format("data.conditions=minilm"),
     ]
-    assert "stages.grpo.rewards: trainer 'grpo' needs at least one reward" in _error(base)
-    assert "stages.grpo.rewards.0.name" in _error([*base, "stages.grpo.rewards=[{name: nope}]"])
+    assert "stages.rl.rewards: trainer 'grpo' needs at least one reward" in _error(base)
+    assert "stages.rl.rewards.0.name" in _error([*base, "stages.rl.rewards=[{name: nope}]"])
 
 
 def test_unknown_trainer_names_trainer_and_known_ones() -> None:
@@ -298,7 +304,7 @@ def test_cli_validate_broken_file_reports_path_without_traceback(tmp_path: Path)
     data = yaml.safe_load(DIGITS.read_text())
     data["stages"]["sft"]["train"]["lrr"] = 1.0
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     result = _cli("validate", str(path))
     assert result.returncode != 0
     assert "stages.sft.train.lrr" in result.stderr
