@@ -42,7 +42,7 @@ def build_callbacks(config: CallbacksConfig, spec: StageSpec, inputs: StageInput
     if config.grad_clip is not None:
         callbacks.append(GradClipCallback(max_norm=config.grad_clip.max_norm))
     if config.ema is not None:
-        callbacks.append(EMACallback(decay=config.ema.decay, warmup=config.ema.warmup))
+        callbacks.append(EMACallback(**config.ema.model_dump()))
     if config.validation is not None:
         conditions = inputs.require("conditions", where=f"stages.{spec.stage}.callbacks.validation")
         callbacks.append(

@@ -59,7 +59,7 @@ def test_ema_callback_keys_the_snapshot_by_the_adapter_network_not_the_wrapper()
     net = nn.Linear(2, 2)
     adapter = SimpleNamespace(snapshots=Snapshots(), module=lambda: net)
     trainer = SimpleNamespace(adapter=adapter, model=_Wrapper(net), progress=SimpleNamespace(optimizer_step=1))
-    callback = EMACallback(decay=0.5, warmup=False)
+    callback = EMACallback(decay=0.5, schedule="constant")
     callback.on_train_start(trainer)  # type: ignore[arg-type]
     with torch.no_grad():
         net.weight.add_(1.0)

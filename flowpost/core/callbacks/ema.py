@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from flowpost.core.callbacks.base import Callback
 
@@ -10,11 +10,25 @@ if TYPE_CHECKING:
     from flowpost.core.trainers.base import BaseTrainer
 
 EMA_SNAPSHOT = "ema"
+EMASchedule = Literal["warmup", "constant", "power", "linear"]
 
 
-def ema_decay(decay: float, updates: int, *, warmup: bool) -> float:
-    """The decay for the ``updates``-th update: ``min(decay, (1 + n) / (10 + n))`` with warm-up."""
-    return min(decay, (1.0 + updates) / (10.0 + updates)) if warmup else decay
+def ema_decay(
+    decay: float, updates: int, schedule: EMASchedule = "warmup", *, warmup_steps: int = 100, power: float = 2 / 3
+) -> float:
+    """The decay of the ``n``-th update (``n = updates``), capped at ``decay``.
+
+    ``warmup``: ``(1 + n) / (10 + n)`` (Flow-GRPO's); ``constant``: ``decay``; ``power``:
+    ``1 - (1 + n) ** -power`` (diffusers' EMAModel with inv_gamma 1); ``linear``: ``decay * n / warmup_steps``
+    until ``warmup_steps``.
+    """
+    if schedule == "warmup":
+        return min(decay, (1.0 + updates) / (10.0 + updates))
+    if schedule == "power":
+        return min(decay, 1.0 - (1.0 + updates) ** -power)
+    if schedule == "linear":
+        return decay * min(1.0, updates / warmup_steps)
+    return decay
 
 
 class EMACallback(Callback):
@@ -24,15 +38,21 @@ class EMACallback(Callback):
     distributed wrapper around it, so its names match what ``use_snapshot`` swaps into.
     """
 
-    def __init__(self, *, decay: float, warmup: bool = True) -> None:
+    def __init__(
+        self, *, decay: float, schedule: EMASchedule = "warmup", warmup_steps: int = 100, power: float = 2 / 3
+    ) -> None:
         self.decay = decay
-        self.warmup = warmup
+        self.schedule: EMASchedule = schedule
+        self.warmup_steps = warmup_steps
+        self.power = power
 
     def on_train_start(self, trainer: BaseTrainer) -> None:
         if EMA_SNAPSHOT not in trainer.adapter.snapshots:
             trainer.adapter.snapshots.capture(EMA_SNAPSHOT, trainer.adapter.module())
 
     def on_step_end(self, trainer: BaseTrainer, metrics: dict[str, float]) -> None:
-        decay = ema_decay(self.decay, trainer.progress.optimizer_step, warmup=self.warmup)
+        decay = ema_decay(
+            self.decay, trainer.progress.optimizer_step, self.schedule, warmup_steps=self.warmup_steps, power=self.power
+        )
         trainer.adapter.snapshots.ema_update(EMA_SNAPSHOT, trainer.adapter.module(), decay)
         metrics["ema_decay"] = decay

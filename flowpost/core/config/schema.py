@@ -62,7 +62,13 @@ class DataRef(StrictModel):
 
 class EMAConfig(StrictModel):
     decay: float = Field(0.999, gt=0, lt=1)
-    warmup: bool = Field(True, description="use min(decay, (1+n)/(10+n)) early in training")
+    schedule: Literal["warmup", "constant", "power", "linear"] = Field(
+        "warmup",
+        description="warmup: min(decay, (1+n)/(10+n)); constant; power: min(decay, 1-(1+n)^-power); "
+        "linear: decay*min(1, n/warmup_steps)",
+    )
+    warmup_steps: int = Field(100, ge=1, description="optimizer steps of the linear schedule's ramp")
+    power: float = Field(2 / 3, gt=0, description="exponent of the power schedule")
 
 
 class GradClipConfig(StrictModel):

@@ -59,11 +59,16 @@ def test_gradient_clipping_reports_the_norm_and_clips(make_trainer, tmp_path):
 
 
 def test_ema_snapshot_follows_the_decay_schedule(make_trainer, fresh_weights, tmp_path):
-    trainer = _run(make_trainer, tmp_path, {"ema": {"decay": 0.5, "warmup": False}}, max_steps=1)
+    trainer = _run(make_trainer, tmp_path, {"ema": {"decay": 0.5, "schedule": "constant"}}, max_steps=1)
     initial = fresh_weights
     live = trainer.adapter.module().state_dict()
     ema = trainer.adapter.snapshots.state_dict("ema")
     for key, value in ema.items():
         torch.testing.assert_close(value, 0.5 * initial[key] + 0.5 * live[key])
-    assert ema_decay(0.999, 0, warmup=True) == pytest.approx(0.1)
-    assert ema_decay(0.999, 10_000, warmup=True) == 0.999
+    assert ema_decay(0.999, 0) == pytest.approx(0.1)
+    assert ema_decay(0.999, 10_000) == 0.999
+    assert ema_decay(0.9, 3, "constant") == 0.9
+    assert ema_decay(0.9, 3, "linear", warmup_steps=10) == pytest.approx(0.27)
+    assert ema_decay(0.9, 30, "linear", warmup_steps=10) == 0.9
+    assert ema_decay(0.999, 7, "power", power=0.5) == pytest.approx(1 - 8**-0.5)
+    assert ema_decay(0.5, 7, "power", power=0.5) == 0.5
