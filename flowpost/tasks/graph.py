@@ -111,10 +111,13 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
 
 
 def _train_config(stage: dict[str, Any]) -> dict[str, Any]:
-    """A stage's config as its fingerprint sees it: trackers only log, so they are left out."""
+    """A stage's config as its fingerprint sees it: trackers only log and the hang timeout only
+    watches, so both are left out."""
     callbacks = dict(stage.get("callbacks") or {})
     callbacks.pop("trackers", None)
-    return {**stage, "callbacks": callbacks}
+    launch = dict(stage.get("launch") or {})
+    launch.pop("hang_timeout", None)
+    return {**stage, "callbacks": callbacks, "launch": launch}
 
 
 @cache

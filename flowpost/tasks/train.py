@@ -55,7 +55,8 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
     """Start ``python -m flowpost.core.launch`` in its own session; relay events until it exits.
 
     Rank output goes to ``logs/rank-0.log``. A failure raises naming the rank and its last log
-    lines; an interrupt kills the whole process group.
+    lines; an interrupt kills the whole process group, and so does ``launch.hang_timeout`` seconds
+    without a new event (the stage is then reported as hung).
     """
     out = Path(spec.output_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -79,18 +80,27 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
             start_new_session=True,
             env=env,
         )
+        hang_timeout = (spec.config.get("launch") or {}).get("hang_timeout")
+        last_event = time.monotonic()
         try:
             while process.poll() is None:
-                seen = _relay(events_path, seen, on_event)
+                now_seen = _relay(events_path, seen, on_event)
+                if now_seen != seen:
+                    seen, last_event = now_seen, time.monotonic()
+                elif hang_timeout is not None and time.monotonic() - last_event > hang_timeout:
+                    raise FlowpostError(
+                        f"stage {spec.stage!r} emitted no event for {hang_timeout:g} s and was killed as hung; "
+                        f"raise launch.hang_timeout if its steps are this slow; last log lines:\n{_tail(log_path)}",
+                        where=str(log_path),
+                    )
                 time.sleep(POLL_SECONDS)
         except BaseException:
             _kill_group(process)
             raise
     _relay(events_path, seen, on_event)
     if process.returncode != 0:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise FlowpostError(
-            f"stage {spec.stage!r}: rank 0 exited with code {process.returncode}; last log lines:\n{tail}",
+            f"stage {spec.stage!r}: rank 0 exited with code {process.returncode}; last log lines:\n{_tail(log_path)}",
             where=str(log_path),
         )
     done = [e for e in read_events(events_path)[attempt_start:] if e.get("event") == "done"]
@@ -107,6 +117,10 @@ def threads_per_process(spec: StageSpec) -> int:
         cores = os.cpu_count() or 1
     processes = int((spec.config.get("launch") or {}).get("num_processes", 1) or 1)
     return max(1, cores // max(1, processes))
+
+
+def _tail(log_path: Path, lines: int = 15) -> str:
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:

@@ -27,8 +27,9 @@ def _fake_python(tmp_path: Path, *, emit_done: bool) -> Path:
     return script
 
 
-def _spec(out: Path, num_processes: int = 1) -> StageSpec:
-    return StageSpec(stage="s", seed=0, config={"launch": {"num_processes": num_processes}}, output_dir=str(out))
+def _spec(out: Path, num_processes: int = 1, hang_timeout: float | None = None) -> StageSpec:
+    launch = {"num_processes": num_processes, "hang_timeout": hang_timeout}
+    return StageSpec(stage="s", seed=0, config={"launch": launch}, output_dir=str(out))
 
 
 def _stale_events(out: Path) -> None:
@@ -68,6 +69,25 @@ def test_the_stage_gets_the_parent_pid_and_a_thread_share(tmp_path, monkeypatch)
     assert env[PARENT_PID_ENV] == str(os.getpid())
     assert env["OMP_NUM_THREADS"] == "4"
     assert seen["start_new_session"] is True and seen.get("preexec_fn") is None
+
+
+def test_a_stage_without_events_for_the_hang_timeout_is_killed_as_hung(tmp_path, monkeypatch) -> None:
+    script = tmp_path / "hanging-python"
+    script.write_text(
+        '#!/bin/sh\ndir=$(dirname "$3")\n'
+        'printf \'{"event": "start", "stage": "s", "step": 0, "max_steps": 1}\\n\' >> "$dir/events.jsonl"\n'
+        'sleep 60 &\necho $! > "$dir/child.pid"\nwait\n'
+    )
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(script))
+    seen: list[dict] = []
+    with pytest.raises(FlowpostError, match="killed as hung") as info:
+        run_training(_spec(tmp_path / "stage", hang_timeout=1.5), on_event=seen.append)
+    assert "launch.hang_timeout" in str(info.value)
+    assert [event["event"] for event in seen] == ["start"]
+    child = (tmp_path / "stage" / "child.pid").read_text().strip()
+    status = Path("/proc", child, "status")  # the whole process group is gone, grandchildren included
+    assert not status.exists() or "State:\tZ" in status.read_text()
 
 
 def _launch(spec_path: Path, parent_pid: str | None) -> subprocess.CompletedProcess[str]:

@@ -96,6 +96,9 @@ class LaunchConfig(StrictModel):
     num_processes: int = Field(1, ge=1)
     backend: Literal["ddp", "fsdp2", "deepspeed-zero2"] = "ddp"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    hang_timeout: float | None = Field(
+        1800.0, gt=0, description="seconds without an event from the stage before it is killed as hung; null: never"
+    )
 
     @model_validator(mode="after")
     def _single_process_for_now(self) -> LaunchConfig:
