@@ -16,12 +16,14 @@ TRAINERS: dict[str, str] = {
     "grpo": "flowpost.core.trainers.rl.grpo:GRPOTrainer",
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardTrainer",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",
+    "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
 }
 ARGUMENTS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTArguments",
     "grpo": "flowpost.core.trainers.rl.grpo:GRPOArguments",
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardArguments",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOArguments",
+    "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOArguments",
 }
 
 

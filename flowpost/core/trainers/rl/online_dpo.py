@@ -1,0 +1,173 @@
+"""Online DPO: one chosen/rejected pair per rollout group, Diffusion-DPO on the forward process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.models.base import ConditionBatch
+from flowpost.core.noise import addressed_randn
+from flowpost.core.sampling.schedules import logit_normal_sigmas
+from flowpost.core.trainers.arguments import OnlineArguments
+from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.matching import matching_error, noised, velocity_mse
+from flowpost.core.trainers.preference import (
+    LossType,
+    group_pairs,
+    implicit_accuracy,
+    preference_loss,
+    preference_margin,
+)
+from flowpost.core.trainers.rl.rollout import Rollout
+from flowpost.errors import FlowpostError
+
+REFERENCE = "ref"
+
+
+class OnlineDPOArguments(OnlineArguments):
+    """``train:`` of an online DPO stage; ``train_batch_size`` counts pairs (two samples each)."""
+
+    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
+    paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+
+    beta: float = Field(1000.0, gt=0, description="DPO scale; the losses use beta / 2 (Diffusion-DPO convention)")
+    loss_type: LossType = "sigmoid"
+    timesteps_per_pair: int = Field(1, ge=1, description="noise levels drawn per pair and micro-batch")
+    logit_mean: float = 0.0
+    logit_std: float = Field(1.0, gt=0)
+    ref_update_every: int = Field(
+        0, ge=0, description="optimizer steps between copies of the policy into the reference; 0: frozen"
+    )
+    kl_beta: float = Field(0.0, ge=0, description="weight of <(v_theta - v_ref)^2> averaged over both arms")
+
+
+@dataclass
+class PreferencePairs(Rollout):
+    """The chosen rows of a rollout; the rejected sample of each pair's group is carried alongside.
+
+    ``valid`` is False for a group whose rewards were all equal (no preference, zero weight).
+    """
+
+    rejected: Tensor | None = None
+    rejected_rewards: Tensor | None = None
+    valid: Tensor | None = None
+
+
+def preference_pairs(samples: Rollout) -> PreferencePairs:
+    """One pair per group of a scored rollout: argmax reward (chosen) against argmin (rejected)."""
+    if samples.rewards is None:
+        raise ValueError("preference pairs need a scored rollout")
+    chosen, rejected, valid = group_pairs(samples.rewards, samples.group_ids)
+    picked = samples.select(chosen)
+    index = torch.as_tensor(rejected, dtype=torch.long)
+    return PreferencePairs(
+        **{field.name: getattr(picked, field.name) for field in fields(Rollout)},
+        rejected=samples.final[index],
+        rejected_rewards=samples.rewards[index],
+        valid=valid,
+    )
+
+
+class OnlineDPOTrainer(BaseTrainer):
+    """Pairs the best and worst sample of every group and applies the DPO loss to their matching errors.
+
+    Both arms of a pair share the noise and noise level, addressed by the chosen sample's global
+    index; the reference is the ``ref`` snapshot, frozen or refreshed every ``ref_update_every``
+    optimizer steps. Training runs the conditional model (guidance 1).
+    """
+
+    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
+    paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    args: OnlineDPOArguments
+
+    def setup(self) -> None:
+        processes = self.accelerator.num_processes
+        if self.args.prompts_per_iteration % processes:
+            raise FlowpostError(
+                f"online DPO pairs samples within a group, so every rank needs whole groups: "
+                f"prompts_per_iteration ({self.args.prompts_per_iteration}) must be a multiple of the "
+                f"number of processes ({processes})",
+                where=f"stages.{self.stage}.train.prompts_per_iteration",
+            )
+        self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+        self._reference_step = 0
+
+    def sample(self) -> Rollout:
+        return self.generate_samples()
+
+    def optimize(self, samples: Rollout) -> None:
+        pairs = preference_pairs(samples)
+        skipped = float((~pairs.valid).sum())
+        self._unit_metrics["skipped_pairs"] = skipped
+        self.train_on_rollout(
+            pairs, lambda batch, scale: self.pair_loss(batch, scale=scale) | {"skipped_pairs": skipped}
+        )
+
+    def refresh_reference(self) -> None:
+        """Copy the policy into ``ref`` once per multiple of ``ref_update_every`` optimizer steps."""
+        every, step = self.args.ref_update_every, self.progress.optimizer_step
+        if every and step and step % every == 0 and step != self._reference_step:
+            self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+            self._reference_step = step
+
+    def pair_noise(self, batch: PreferencePairs, draw: int) -> tuple[Tensor, Tensor]:
+        """Noise [N, *latent] and sigmas [N] of draw ``draw``, addressed by the chosen sample's index."""
+        address = {
+            "seed": self.spec.seed,
+            "stage": self.stage,
+            "step": self.progress.rollout_iteration,
+            "indices": batch.indices.tolist(),
+        }
+        noise = addressed_randn(batch.final.shape[1:], purpose=f"dpo-noise-{draw}", **address)
+        normals = addressed_randn((), purpose=f"dpo-sigma-{draw}", **address)
+        args = self.args
+        sigma = logit_normal_sigmas(normals, mean=args.logit_mean, std=args.logit_std, shift=self.adapter.shift)
+        return noise, sigma
+
+    def pair_errors(self, batch: PreferencePairs, draw: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Policy errors [2, N] (with gradient), reference errors [2, N] and the KL term [N] of one draw.
+
+        Row 0 holds the chosen arm, row 1 the rejected arm.
+        """
+        device = self.accelerator.device
+        x0 = torch.cat([batch.final, batch.rejected]).to(device)
+        noise, sigma = self.pair_noise(batch, draw)
+        noise = torch.cat([noise, noise]).to(device, x0.dtype)
+        sigma = torch.cat([sigma, sigma]).to(device)
+        state = self.adapter.prepare_condition_state(ConditionBatch.cat([batch.conditions] * 2).to(device))
+        x = noised(x0, noise, sigma)
+        with torch.no_grad(), self.adapter.use_snapshot(REFERENCE):
+            v_ref = self.adapter.velocity(x, sigma, state)
+        velocity = self.adapter.velocity(x, sigma, state)
+        n = len(batch)
+        errors = matching_error(velocity, noise, x0).view(2, n)
+        ref_errors = matching_error(v_ref, noise, x0).view(2, n)
+        return errors, ref_errors, velocity_mse(velocity, v_ref).view(2, n).mean(0)
+
+    def pair_loss(self, batch: PreferencePairs, *, scale: float) -> dict[str, float]:
+        """Backpropagate the DPO loss of a micro-batch of pairs (mean over valid pairs); return metrics."""
+        self.refresh_reference()
+        args, device = self.args, self.accelerator.device
+        weight = batch.valid.to(device).float()
+        count = max(float(weight.sum()), 1.0)
+        draws = args.timesteps_per_pair
+        totals = {"loss": 0.0, "kl": 0.0, "margin": 0.0, "implicit_accuracy": 0.0}
+        for draw in range(draws):
+            errors, ref_errors, kl = self.pair_errors(batch, draw)
+            margin = preference_margin(errors[0], errors[1], ref_errors[0], ref_errors[1])
+            per_pair = preference_loss(margin, beta=args.beta, loss_type=args.loss_type) + args.kl_beta * kl
+            loss = (weight * per_pair).sum() / count
+            self.backward(loss * scale / draws)
+            valid = margin.detach()[weight > 0]
+            totals["loss"] += float(loss.detach()) / draws
+            totals["kl"] += float((weight * kl.detach()).sum()) / count / draws
+            totals["margin"] += float(valid.sum()) / count / draws
+            totals["implicit_accuracy"] += (implicit_accuracy(valid) if len(valid) else 0.5) / draws
+        rewards = (batch.rewards - batch.rejected_rewards).to(device).float()
+        totals["reward_margin"] = float((weight * rewards).sum()) / count
+        return totals
