@@ -19,6 +19,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect pipeline configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+dvc_app = typer.Typer(help="Run the pipeline with DVC.", no_args_is_help=True)
+app.add_typer(dvc_app, name="dvc")
 
 PipelineArg = Annotated[Path | None, typer.Argument(help="pipeline YAML (default: the embedded digits pipeline)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="dotted override, e.g. stages.sft.train.lr=1e-4")]
@@ -95,17 +97,48 @@ def stage(
     workspace: WorkspaceOpt = Path("workspace"),
     set_: SetOpt = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
-    refresh: Annotated[bool, typer.Option("--refresh")] = False,
+    refresh: Annotated[bool, typer.Option("--refresh", help="start the node over")] = False,
     resume: Annotated[bool, typer.Option("--resume/--no-resume")] = True,
+    layout: Annotated[
+        str, typer.Option("--layout", help="content: <node>/<fingerprint>/ folders; fixed: DVC's fixed folders")
+    ] = "content",
+    force: Annotated[
+        bool, typer.Option("--force", help="run even if complete (a training node still resumes)")
+    ] = False,
 ) -> None:
     """Run one node without Prefect (its inputs must have completed)."""
     from flowpost.tasks.runner import PipelineRun
 
-    run_ = PipelineRun(_load(pipeline, set_, smoke=smoke), workspace)
-    result = run_.execute(node, refresh=refresh, resume=resume, on_event=_print_event)
+    if layout not in ("content", "fixed"):
+        raise FlowpostError(f"unknown layout {layout!r}; use content or fixed", where="--layout")
+    run_ = PipelineRun(_load(pipeline, set_, smoke=smoke), workspace, layout=layout)  # type: ignore[arg-type]
+    result = run_.execute(node, refresh=refresh, resume=resume, force=force, on_event=_print_event)
     if node == "report":
         run_.publish_report()
     typer.echo(f"{result.node} {result.status} -> {result.path}")
+
+
+@dvc_app.command("sync")
+def dvc_sync(
+    pipeline: PipelineArg = None,
+    set_: SetOpt = None,
+    root: Annotated[Path, typer.Option("--root", help="the DVC repository root")] = Path("."),
+    check: Annotated[bool, typer.Option("--check", help="check the files are in sync (exit 1 if not)")] = False,
+) -> None:
+    """Write params.yaml (the resolved pipeline) and dvc.yaml (one DVC stage per node)."""
+    from flowpost.tasks.dvc import out_of_sync, sync
+
+    config = _load(pipeline, set_)
+    if check:
+        stale = out_of_sync(config, root)
+        if stale:
+            raise FlowpostError(
+                f"{', '.join(stale)} out of sync with the pipeline; run `flowpost dvc sync`", where=str(root)
+            )
+        typer.echo("params.yaml and dvc.yaml are in sync")
+        return
+    changed = sync(config, root)
+    typer.echo("\n".join(f"wrote {path}" for path in changed) or "params.yaml and dvc.yaml already in sync")
 
 
 @app.command("check-consistency")

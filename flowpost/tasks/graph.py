@@ -110,6 +110,18 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     return nodes
 
 
+def fixed_folder(node: Node, pipeline: PipelineConfig) -> str:
+    """The node's folder in the fixed layout DVC uses (``data/``, ``conditions/``, ``stages/``, ``eval/``)."""
+    kind, key = node.kind, node.key
+    if kind == "acquire":
+        return f"data/{key}"
+    if kind == "train":
+        return f"stages/{key}"
+    if kind == "export":
+        return f"stages/{key}/export"
+    return {"conditions": f"conditions/{key}", "eval": f"eval/{key}", "report": "report"}[kind]
+
+
 def _train_config(stage: dict[str, Any]) -> dict[str, Any]:
     """A stage's config as its fingerprint sees it: trackers only log and the hang timeout only
     watches, so both are left out."""

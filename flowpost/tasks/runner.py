@@ -1,8 +1,11 @@
-"""Run one node into its content-addressed folder, or reuse a completed one.
+"""Run one node into its folder, or reuse a completed one.
 
-``WORKSPACE/<node-id>/<fingerprint[:12]>/`` holds a node's outputs; ``_complete.json``, written
-last, marks them usable. Without it the folder is an interrupted attempt: a training node
-resumes from its checkpoints there, other nodes start that folder over.
+In the ``content`` layout (the Prefect runner's) ``WORKSPACE/<node-id>/<fingerprint[:12]>/`` holds
+a node's outputs; in the ``fixed`` layout (DVC's, whose cache does the addressing) the folder is
+fixed per node (``data/<dataset>``, ``stages/<stage>``, ...). ``_complete.json``, written last,
+records the fingerprint and marks the outputs usable. Without it the folder is an interrupted
+attempt (``_attempt.json`` names its fingerprint): a training node of the same fingerprint resumes
+from its checkpoints there; anything else starts the folder over.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
@@ -22,11 +25,13 @@ from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
 from flowpost.tasks.evaluate import evaluate_stage
 from flowpost.tasks.export import export_stage
-from flowpost.tasks.graph import Node, build_nodes, fingerprint_inputs
+from flowpost.tasks.graph import Node, build_nodes, fingerprint_inputs, fixed_folder
 from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
 
 COMPLETE = "_complete.json"
+ATTEMPT = "_attempt.json"
+Layout = Literal["content", "fixed"]
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,10 @@ class NodeResult:
 class PipelineRun:
     """A pipeline bound to a workspace: node graph, fingerprints, folders."""
 
-    def __init__(self, pipeline: PipelineConfig, workspace: str | Path) -> None:
+    def __init__(self, pipeline: PipelineConfig, workspace: str | Path, *, layout: Layout = "content") -> None:
         self.pipeline = pipeline
         self.workspace = Path(workspace).resolve()
+        self.layout = layout
         self.nodes = {node.id: node for node in build_nodes(pipeline)}
         self.inputs = fingerprint_inputs(list(self.nodes.values()))
         self.fingerprints = {node: sha256_json(inputs) for node, inputs in self.inputs.items()}
@@ -55,10 +61,12 @@ class PipelineRun:
         return self.nodes[node_id]
 
     def path(self, node_id: str) -> Path:
+        if self.layout == "fixed":
+            return self.workspace / fixed_folder(self.node(node_id), self.pipeline)
         return self.workspace / node_id / self.fingerprints[node_id][:12]
 
     def is_complete(self, node_id: str) -> bool:
-        return (self.path(node_id) / COMPLETE).exists()
+        return _recorded_fingerprint(self.path(node_id) / COMPLETE) == self.fingerprints[node_id]
 
     def execute(
         self,
@@ -66,24 +74,32 @@ class PipelineRun:
         *,
         refresh: bool = False,
         resume: bool = True,
+        force: bool = False,
         on_event: EventHandler | None = None,
     ) -> NodeResult:
-        """Run ``node_id`` unless a completed result with its fingerprint exists (or ``refresh``)."""
+        """Run ``node_id`` unless a completed result with its fingerprint exists.
+
+        ``refresh`` starts the node over; ``force`` runs it even when complete but, unlike
+        ``refresh``, lets a training node resume its checkpoints (what DVC's reruns need).
+        """
         node = self.node(node_id)
         out = self.path(node_id)
         fingerprint = self.fingerprints[node_id]
-        if self.is_complete(node_id) and not refresh:
+        if self.is_complete(node_id) and not (refresh or force):
             done = read_json(out / COMPLETE, what="completion manifest")
             return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
-        for dep in node.deps:
-            if not self.is_complete(dep):
+        for dep in node.deps:  # in the fixed layout DVC restores outs without their manifests
+            if not (self.path(dep).is_dir() if self.layout == "fixed" else self.is_complete(dep)):
                 raise FlowpostError(
                     f"node {node_id} needs {dep}, which has not completed; run it first",
                     where=str(self.path(dep)),
                 )
-        if out.exists() and (node.kind != "train" or refresh or not resume):
+        same_attempt = _recorded_fingerprint(out / ATTEMPT) == fingerprint
+        if out.exists() and (node.kind != "train" or refresh or not resume or not same_attempt):
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
+        (out / COMPLETE).unlink(missing_ok=True)
+        write_json_atomic(out / ATTEMPT, {"node": node_id, "fingerprint": fingerprint})
         started = time.monotonic()
         outputs = self._dispatch(node, out, resume=resume, on_event=on_event)
         seconds = time.monotonic() - started
@@ -172,3 +188,11 @@ class PipelineRun:
         from flowpost.tasks.evaluate import stage_weights
 
         return stage_weights(self.path(f"train.{stage}"), weights)[0]
+
+
+def _recorded_fingerprint(manifest: Path) -> str | None:
+    """The fingerprint a completion or attempt manifest records (None when absent or unreadable)."""
+    try:
+        return read_json(manifest, what="node manifest").get("fingerprint")
+    except FlowpostError:
+        return None

@@ -19,9 +19,16 @@ DEFAULT_PIPELINE = "digits"
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats such as ``1e-4`` as numbers."""
+    """SafeLoader with YAML 1.2 scalars: ``1e-4`` is a float, only ``true``/``false`` are booleans
+    (``no``, ``on``, ``yes`` stay strings, as DVC's YAML writer assumes)."""
 
 
+_BOOL = "tag:yaml.org,2002:bool"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),

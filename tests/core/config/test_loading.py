@@ -87,6 +87,16 @@ def test_parse_override_types() -> None:
     assert parse_override("a=12") == ("a", 12)
     assert parse_override("a=text") == ("a", "text")
     assert parse_override("a=") == ("a", "")
+    assert parse_override("a=no") == ("a", "no")  # YAML 1.2: only true/false are booleans
+    assert parse_override("a=on") == ("a", "on")
+
+
+def test_a_pipeline_rewritten_by_a_yaml_1_2_writer_still_validates(tmp_path: Path) -> None:
+    # `dvc exp run -S` rewrites params.yaml without quoting "no"
+    text = DIGITS.read_text() + "\n"
+    path = tmp_path / "p.yaml"
+    path.write_text(text.replace("launch: {num_processes: 1, backend: ddp}", "launch: {mixed_precision: no}", 1))
+    assert load_pipeline(path).stages["sft"].launch.mixed_precision == "no"
 
 
 def test_exponent_number_override_is_a_number() -> None:

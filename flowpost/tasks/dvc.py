@@ -1,0 +1,112 @@
+"""The pipeline as DVC stages: ``params.yaml`` (the resolved pipeline) and ``dvc.yaml`` (one stage per node).
+
+Each DVC stage calls ``flowpost stage NODE --pipeline params.yaml --workspace workspace --layout
+fixed --force``: DVC decides what is stale, flowpost runs it in the node's fixed folder. Outs are
+the durable results only; a training stage's checkpoints are ``persist: true, cache: false`` so a
+killed ``dvc repro`` resumes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flowpost.core.config.loading import pipeline_to_dict
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.io import write_bytes_atomic
+from flowpost.tasks.graph import Node, build_nodes, fixed_folder
+
+PARAMS_FILE = "params.yaml"
+DVC_FILE = "dvc.yaml"
+WORKSPACE = "workspace"
+HEADER = "# Written by `flowpost dvc sync`; edit the pipeline file and sync again instead of editing this.\n"
+
+
+def _params(node: Node, pipeline: PipelineConfig) -> list[str]:
+    """The ``params.yaml`` keys a node's fingerprint reads (the same exclusions as the fingerprint)."""
+    common = ["seed", "smoke"]
+    if node.kind == "acquire":
+        return [*common, f"datasets.{node.key}"]
+    if node.kind == "conditions":
+        return [f"conditions.{node.key}"]
+    if node.kind == "train":
+        stage = f"stages.{node.key}"
+        keys = [f"{stage}.{k}" for k in node.config if k not in ("seed", "smoke", "callbacks", "launch")]
+        keys += [f"{stage}.callbacks.{k}" for k in node.config["callbacks"]]
+        keys += [f"{stage}.launch.{k}" for k in node.config["launch"]]
+        return [*common, *keys]
+    if node.kind == "eval":
+        return [*common, *(f"evaluate.{k}" for k in pipeline.evaluate.model_dump() if k != "after")]
+    if node.kind == "export":
+        return [*common, "export", "evaluate.weights"]
+    return ["name", "evaluate.after"]
+
+
+def _outs(node: Node, folder: str) -> dict[str, list[Any]]:
+    if node.kind == "train":
+        return {
+            "outs": [f"{folder}/final", {f"{folder}/checkpoints": {"persist": True, "cache": False}}],
+        }
+    if node.kind == "report":
+        return {"outs": [f"{WORKSPACE}/report.md"], "metrics": [{f"{WORKSPACE}/metrics.json": {"cache": False}}]}
+    return {"outs": [folder]}
+
+
+def dvc_stages(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, Any]:
+    """The ``dvc.yaml`` mapping; ``code_dir`` (the flowpost sources, relative) becomes a dep when given."""
+    nodes = build_nodes(pipeline)
+    folders = {node.id: f"{WORKSPACE}/{fixed_folder(node, pipeline)}" for node in nodes}
+    stages: dict[str, Any] = {}
+    for node in nodes:
+        deps = ([code_dir] if code_dir else []) + [_dep_path(folders[dep], dep) for dep in node.deps]
+        stage: dict[str, Any] = {
+            "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
+        }
+        if deps:
+            stage["deps"] = deps
+        stage["params"] = _params(node, pipeline)
+        stage |= _outs(node, folders[node.id])
+        stages[node.id] = stage
+    return {"stages": stages}
+
+
+def _dep_path(folder: str, node_id: str) -> str:
+    """What downstream stages depend on: a training stage's final weights, else the whole folder."""
+    return f"{folder}/final" if node_id.startswith("train.") else folder
+
+
+def render(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, str]:
+    """File name -> text of ``params.yaml`` and ``dvc.yaml``."""
+    dump = {"sort_keys": False, "default_flow_style": False, "allow_unicode": True, "width": 1000}
+    return {
+        PARAMS_FILE: HEADER + yaml.safe_dump(pipeline_to_dict(pipeline), **dump),
+        DVC_FILE: HEADER + yaml.safe_dump(dvc_stages(pipeline, code_dir=code_dir), **dump),
+    }
+
+
+def code_dir_in(root: Path) -> str | None:
+    """The flowpost package folder relative to ``root`` when it lies inside it (a source checkout)."""
+    package = Path(__file__).resolve().parents[1]
+    try:
+        return package.relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def sync(pipeline: PipelineConfig, root: Path) -> list[Path]:
+    """Write ``params.yaml`` and ``dvc.yaml`` into ``root`` (atomically); return the files changed."""
+    changed = []
+    for name, text in render(pipeline, code_dir=code_dir_in(root)).items():
+        path = root / name
+        if not path.exists() or path.read_text() != text:
+            write_bytes_atomic(path, text.encode())
+            changed.append(path)
+    return changed
+
+
+def out_of_sync(pipeline: PipelineConfig, root: Path) -> list[str]:
+    """The files under ``root`` that differ from what ``sync`` would write."""
+    rendered = render(pipeline, code_dir=code_dir_in(root))
+    return [name for name, text in rendered.items() if not (root / name).exists() or (root / name).read_text() != text]

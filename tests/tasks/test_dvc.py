@@ -1,0 +1,101 @@
+"""The pipeline as DVC stages: generated files, and real `dvc repro` / `exp run` / push / pull."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flowpost.core.config.loading import load_pipeline, validate_pipeline
+from flowpost.tasks.dvc import dvc_stages, out_of_sync, render
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_committed_dvc_files_match_the_default_pipeline() -> None:
+    assert out_of_sync(load_pipeline(None), REPO) == []
+
+
+def test_each_node_is_a_stage_with_its_params_and_durable_outs(tiny_pipeline) -> None:
+    stages = dvc_stages(validate_pipeline(tiny_pipeline()), code_dir=None)["stages"]
+    assert list(stages) == ["acquire.digits", "conditions.minilm", "train.sft", "eval.sft", "export", "report"]
+    train = stages["train.sft"]
+    assert train["cmd"].startswith("flowpost stage train.sft --pipeline params.yaml --workspace workspace")
+    assert train["deps"] == ["workspace/data/digits", "workspace/conditions/minilm"]
+    assert "stages.sft.train" in train["params"] and "stages.sft.callbacks.ema" in train["params"]
+    assert not any("trackers" in key or "hang_timeout" in key for key in train["params"])
+    assert train["outs"] == [
+        "workspace/stages/sft/final",
+        {"workspace/stages/sft/checkpoints": {"persist": True, "cache": False}},
+    ]
+    assert "evaluate.after" not in stages["eval.sft"]["params"]
+    assert stages["export"]["deps"] == ["workspace/stages/sft/final", "workspace/eval/sft"]
+    assert stages["report"]["metrics"] == [{"workspace/metrics.json": {"cache": False}}]
+
+
+def test_params_file_is_the_resolved_pipeline(tiny_pipeline) -> None:
+    pipeline = validate_pipeline(tiny_pipeline())
+    params = yaml.safe_load(render(pipeline, code_dir=None)["params.yaml"])
+    assert validate_pipeline(params) == pipeline
+
+
+def _sh(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+    }
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{' '.join(args)}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_dvc_repro_twice_exp_run_and_push_pull(tmp_path: Path, tiny_pipeline) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    dvc = [sys.executable, "-m", "dvc"]
+    _sh(["git", "init", "-q"], repo)
+    _sh(["git", "config", "user.email", "ci@example.com"], repo)
+    _sh(["git", "config", "user.name", "ci"], repo)
+    _sh([*dvc, "init", "-q"], repo)
+    _sh([*dvc, "config", "core.analytics", "false"], repo)
+    (repo / "pipeline.yaml").write_text(yaml.safe_dump(tiny_pipeline(), sort_keys=False))
+    _sh([sys.executable, "-m", "flowpost.cli", "dvc", "sync", "pipeline.yaml"], repo)
+
+    first = _sh([*dvc, "repro"], repo)
+    for node in ("acquire.digits", "train.sft", "report"):
+        assert f"Running stage '{node}'" in first.stdout
+    assert (repo / "workspace" / "metrics.json").is_file()
+    assert (repo / "workspace" / "stages" / "sft" / "checkpoints" / "latest").is_file()
+    again = _sh([*dvc, "repro"], repo)
+    assert "Running stage" not in again.stdout and "up to date" in again.stdout
+    _sh(["git", "add", "-A"], repo)
+    _sh(["git", "commit", "-qm", "pipeline"], repo)
+
+    changed = _sh([*dvc, "exp", "run", "-S", "stages.sft.train.lr=0.0005"], repo)
+    ran = {line.split("'")[1] for line in changed.stdout.splitlines() if line.startswith("Running stage")}
+    assert ran == {"train.sft", "eval.sft", "export", "report"}
+    assert yaml.safe_load((repo / "params.yaml").read_text())["stages"]["sft"]["train"]["lr"] == 0.0005
+
+    export = repo / "workspace" / "stages" / "sft" / "export"
+    before = _digests(export)
+    remote = tmp_path / "remote"
+    _sh([*dvc, "remote", "add", "-d", "local", str(remote)], repo)
+    _sh([*dvc, "push"], repo)
+    _sh(["rm", "-rf", "workspace", ".dvc/cache"], repo)
+    _sh([*dvc, "pull"], repo)
+    assert _digests(export) == before and before
