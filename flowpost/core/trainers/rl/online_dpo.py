@@ -103,7 +103,6 @@ class OnlineDPOTrainer(BaseTrainer):
     def optimize(self, samples: Rollout) -> None:
         pairs = preference_pairs(samples)
         skipped = float((~pairs.valid).sum())
-        self._unit_metrics["skipped_pairs"] = skipped
         self.train_on_rollout(
             pairs, lambda batch, scale: self.pair_loss(batch, scale=scale) | {"skipped_pairs": skipped}
         )
