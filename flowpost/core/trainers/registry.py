@@ -17,6 +17,7 @@ TRAINERS: dict[str, str] = {
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardTrainer",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
+    "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
 }
 ARGUMENTS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTArguments",
@@ -24,6 +25,7 @@ ARGUMENTS: dict[str, str] = {
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardArguments",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOArguments",
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOArguments",
+    "awm": "flowpost.core.trainers.rl.awm:AWMArguments",
 }
 
 
