@@ -117,21 +117,22 @@ class GenerationMixin:
             **traj,
         )
 
+    def micro_batches(self, size: int, epoch: int) -> list[list[int]]:
+        """Pass ``epoch``'s shuffled micro-batches (row lists) over a rollout of ``size`` rows on this rank."""
+        local_batch = max(self.args.train_batch_size // self.accelerator.num_processes, 1)
+        generator = addressed_generator(self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle")
+        order = torch.randperm(size, generator=generator).tolist()
+        return [order[i : i + local_batch] for i in range(0, len(order), local_batch)]
+
     def train_on_rollout(self, samples: Rollout, loss: Callable[[Rollout, float], dict[str, float]]) -> None:
-        """``inner_epochs`` shuffled passes over ``samples`` in micro-batches, stepping every accumulation.
+        """``inner_epochs`` passes over ``samples`` in ``micro_batches``, stepping every accumulation.
 
         ``loss(micro_batch, scale)`` backpropagates its loss times ``scale`` and returns metrics; a
         trailing partial accumulation window is dropped unless it is the only one.
         """
-        args = self.args
-        local_batch = max(args.train_batch_size // self.accelerator.num_processes, 1)
-        accum = args.gradient_accumulation_steps
-        for epoch in range(args.inner_epochs):
-            generator = addressed_generator(
-                self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle"
-            )
-            order = torch.randperm(len(samples), generator=generator).tolist()
-            batches = [order[i : i + local_batch] for i in range(0, len(order), local_batch)]
+        accum = self.args.gradient_accumulation_steps
+        for epoch in range(self.args.inner_epochs):
+            batches = self.micro_batches(len(samples), epoch)
             usable = len(batches) - len(batches) % accum or len(batches)
             sums: dict[str, float] = {}
             for number, rows in enumerate(batches[:usable]):

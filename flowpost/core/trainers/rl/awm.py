@@ -10,7 +10,7 @@ from torch import Tensor
 
 from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
 from flowpost.core.models.base import ConditionState
-from flowpost.core.noise import addressed_generator, addressed_rand, addressed_randn
+from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
@@ -148,13 +148,10 @@ class AWMTrainer(BaseTrainer):
         Computed on the shuffled micro-batches of ``train_on_rollout``'s first pass (same order,
         same composition), so the first micro-batch's ratios are exactly one.
         """
-        args, device = self.args, self.accelerator.device
-        local_batch = max(args.train_batch_size // self.accelerator.num_processes, 1)
-        generator = addressed_generator(self.spec.seed, self.stage, self.progress.rollout_iteration, 0, "shuffle")
-        order = torch.randperm(len(samples), generator=generator).tolist()
+        device = self.accelerator.device
         values: dict[int, Tensor] = {}
-        for start in range(0, len(order), local_batch):
-            batch = samples.select(order[start : start + local_batch])
+        for rows in self.micro_batches(len(samples), epoch=0):
+            batch = samples.select(rows)
             x0 = batch.final.to(device)
             state = self.adapter.prepare_condition_state(batch.conditions.to(device))
             sigmas, noises = self.training_points(batch)
