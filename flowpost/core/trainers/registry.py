@@ -18,6 +18,7 @@ TRAINERS: dict[str, str] = {
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
+    "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",
 }
 ARGUMENTS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTArguments",
@@ -26,6 +27,7 @@ ARGUMENTS: dict[str, str] = {
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOArguments",
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOArguments",
     "awm": "flowpost.core.trainers.rl.awm:AWMArguments",
+    "nft": "flowpost.core.trainers.rl.nft:NFTArguments",
 }
 
 
