@@ -17,7 +17,7 @@ def test_publish_report_replaces_the_root_files_by_rename(tmp_path: Path, tiny_p
     report.mkdir(parents=True)
     (report / "metrics.json").write_text(json.dumps({"sft": {"step": 3}}))
     (report / "report.md").write_text("# new\n")
-    (report / COMPLETE).write_text("{}")
+    (report / COMPLETE).write_text(json.dumps({"fingerprint": run.fingerprints["report"]}))
     old = tmp_path / "metrics.json"
     old.write_text(json.dumps({"sft": {"step": 1}}))
     with old.open() as reader:  # a reader of the previous file keeps reading a complete version
@@ -35,7 +35,7 @@ def test_stage_command_accepts_smoke(tmp_path: Path, monkeypatch) -> None:
     seen = {}
 
     class FakeRun:
-        def __init__(self, pipeline, workspace) -> None:  # noqa: ANN001
+        def __init__(self, pipeline, workspace, layout="content") -> None:  # noqa: ANN001
             seen["smoke"] = pipeline.smoke
 
         def execute(self, node, **kwargs):  # noqa: ANN001, ANN003, ANN201
