@@ -9,6 +9,7 @@ pointer) moves after it.
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,8 @@ class TrainingState:
     trainer: dict[str, Any]
 
 
-def save_checkpoint(root: str | Path, state: TrainingState) -> Path:
-    """Write ``root/step-N`` atomically, then point ``root/latest`` at it."""
+def save_checkpoint(root: str | Path, state: TrainingState, *, keep_last: int | None = None) -> Path:
+    """Write ``root/step-N`` atomically, point ``root/latest`` at it, then keep the newest ``keep_last``."""
     root = Path(root)
     final = root / f"step-{state.step}"
     with atomic_directory(final) as tmp:
@@ -53,7 +54,21 @@ def save_checkpoint(root: str | Path, state: TrainingState) -> Path:
         files = sorted(p.name for p in tmp.iterdir())
         write_json_atomic(tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}})
     write_json_atomic(root / LATEST, {"step": state.step, "path": final.name})
+    if keep_last is not None:
+        _prune(root, keep=final, keep_last=keep_last)
     return final
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """``root``'s ``step-N`` folders, newest first."""
+    steps = [p for p in root.glob("step-*") if _STEP_DIR.match(p.name)]
+    return sorted(steps, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
+
+
+def _prune(root: Path, *, keep: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` step folders; ``keep`` (just written) always stays."""
+    for old in [p for p in _step_dirs(root) if p != keep][max(keep_last - 1, 0) :]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def verify_checkpoint(path: Path) -> str | None:
@@ -96,12 +111,7 @@ def latest_checkpoint(root: str | Path) -> Path | None:
             candidates.append(root / name)
         else:
             log.warning("%s is unreadable or names no checkpoint; scanning for checkpoints", pointer)
-    steps = sorted(
-        (p for p in root.glob("step-*") if _STEP_DIR.match(p.name)),
-        key=lambda p: int(_STEP_DIR.match(p.name).group(1)),  # type: ignore[union-attr]
-        reverse=True,
-    )
-    candidates.extend(p for p in steps if p not in candidates)
+    candidates.extend(p for p in _step_dirs(root) if p not in candidates)
     for path in candidates:
         problem = verify_checkpoint(path) if path.is_dir() else "missing"
         if problem is None:

@@ -130,6 +130,18 @@ def test_latest_pointer_names_newest_step(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == tmp_path / "step-12"
 
 
+def test_keep_last_prunes_older_checkpoints_after_the_pointer_moves(tmp_path: Path) -> None:
+    for step in (2, 4, 6, 8):
+        save_checkpoint(tmp_path, _state(step), keep_last=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-6", "step-8"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-8"
+    save_checkpoint(tmp_path, _state(10), keep_last=1)
+    assert [p.name for p in tmp_path.glob("step-*")] == ["step-10"]
+    assert load_checkpoint(tmp_path / "step-10").step == 10
+    save_checkpoint(tmp_path, _state(12))  # no keep_last: nothing is deleted
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-10", "step-12"]
+
+
 def test_no_checkpoint_gives_none(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
     assert latest_checkpoint(tmp_path / "missing") is None

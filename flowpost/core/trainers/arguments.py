@@ -21,6 +21,7 @@ class TrainerArguments(StrictModel):
     adam_betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
     checkpoint_every: int = Field(0, ge=0, description="budget units between checkpoints; 0: end only")
+    keep_last: int | None = Field(None, ge=1, description="checkpoints kept (the newest); null: all")
     log_every: int = Field(10, ge=1, description="budget units between logged events")
 
     def smoke(self) -> TrainerArguments:

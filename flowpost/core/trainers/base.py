@@ -259,7 +259,7 @@ class BaseTrainer(GenerationMixin, ABC):
             trainer={"progress": self.progress.to_dict(), "callbacks": self.callbacks.state_dict()},
         )
         if self.accelerator.is_main_process:
-            path = save_checkpoint(self.output_dir / "checkpoints", state)
+            path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.args.keep_last)
             self.events.emit("checkpoint", step=state.step, path=str(path))
         self.accelerator.wait_for_everyone()
         self._saved_progress = self.progress

@@ -80,3 +80,8 @@ def test_final_weights_and_events_are_written(make_trainer, tmp_path):
     live = TinySD3Adapter.from_pretrained(tmp_path / "final" / "live").module().state_dict()
     ema = TinySD3Adapter.from_pretrained(tmp_path / "final" / "ema").module().state_dict()
     assert any(not torch.equal(live[k], ema[k]) for k in live)
+
+
+def test_keep_last_leaves_only_the_newest_checkpoints(make_trainer, tmp_path):
+    make_trainer(tmp_path, max_steps=4, checkpoint_every=1, keep_last=2).start()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-3", "step-4"]
