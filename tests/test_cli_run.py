@@ -29,7 +29,7 @@ def test_smoke_run_of_the_default_pipeline_then_sample_from_its_export(tmp_path:
     assert done.returncode == 0, done.stdout + done.stderr
     metrics = json.loads((tmp_path / "ws" / "metrics.json").read_text())
     assert metrics["sft"]["smoke"] is True and metrics["sft"]["step"] == 3
-    assert metrics["grpo"]["smoke"] is True and metrics["grpo"]["step"] == 2  # rollout iterations
+    assert metrics["grpo"]["smoke"] is True and metrics["grpo"]["step"] == 4  # 2 iterations x 2 optimizer steps
     assert "cached" not in done.stdout
 
     again = _flowpost("run", "--smoke", "--workspace", "ws", cwd=tmp_path)
