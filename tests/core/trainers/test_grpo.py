@@ -31,6 +31,33 @@ def test_replay_reproduces_rollout_log_probs_at_the_training_micro_batch(make_tr
         assert float((ratio - 1).abs().max()) < 1e-5
 
 
+@pytest.mark.parametrize("kl_space", ["x", "v"])
+def test_replaying_all_steps_in_one_pass_matches_one_pass_per_step(make_trainer, tmp_path, kl_space):
+    grads = []
+    for per_pass in (1, 0, 2):
+        trainer = make_trainer(
+            tmp_path / str(per_pass),
+            cls=GRPOTrainer,
+            rewards=JPEG,
+            sampling={"steps": 6, "guidance": 3.0},
+            kl_beta=0.5,
+            kl_space=kl_space,
+            replay_steps_per_pass=per_pass,
+            **SMALL,
+        )
+        rollout = trainer.sample()
+        trainer.score(rollout)
+        trainer.adapter.module().zero_grad()
+        metrics = trainer.replay_loss(rollout.select([0, 3, 5, 6]), scale=1.0)
+        params = [p for p in trainer.adapter.module().parameters() if p.grad is not None]
+        grads.append((torch.cat([p.grad.flatten() for p in params]), metrics))
+    reference, reference_metrics = grads[0]
+    assert float(reference.abs().max()) > 0
+    for grad, metrics in grads[1:]:
+        torch.testing.assert_close(grad, reference, rtol=1e-4, atol=1e-6)
+        assert metrics["loss"] == pytest.approx(reference_metrics["loss"], rel=1e-4, abs=1e-7)
+
+
 def test_ppo_clip_loss_moves_log_probs_with_the_advantage_and_stops_outside_the_trust_region():
     old = torch.zeros(4)
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])

@@ -26,12 +26,21 @@ class CoupledArguments(OnlineArguments):
 
     kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
     kl_space: Literal["x", "v"] = Field("x", description="x: Gaussian KL of transition means; v: velocity MSE")
+    replay_steps_per_pass: int = Field(
+        0, ge=0, description="stored steps replayed per forward/backward pass (0: all; lower it to save memory)"
+    )
 
 
 class GRPOArguments(CoupledArguments):
     """``train:`` of a GRPO stage."""
 
     clip_range: float = Field(1e-4, gt=0, description="PPO ratio clip epsilon")
+
+
+def step_rows(out: StepOutput, rows: slice) -> StepOutput:
+    """The transitions of ``rows`` (``std`` may be per-row or shared)."""
+    std = out.std[rows] if out.std.dim() > 0 and out.std.shape[0] == out.log_prob.shape[0] else out.std
+    return StepOutput(out.prev_sample[rows], out.log_prob[rows], out.mean[rows], std)
 
 
 def ppo_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float) -> Tensor:
@@ -67,58 +76,71 @@ class GRPOTrainer(BaseTrainer):
         null = self.inputs.require("conditions", where=f"stages.{self.stage}.data").lookup([NULL_PROMPT] * len(batch))
         return state, self.adapter.prepare_condition_state(null.to(device))
 
-    def _replay_step(
-        self, batch: Rollout, i: int, state: ConditionState, negative: ConditionState | None
+    def _replay_steps(
+        self, batch: Rollout, steps: range, state: ConditionState, negative: ConditionState | None
     ) -> tuple[Tensor, StepOutput]:
-        """The current policy's velocity and transition at stored step ``i``, scoring stored ``x_{j+1}``."""
-        sampling, device = self.sampling, self.accelerator.device
-        x = batch.latents[:, i].to(device)
-        velocity = self.adapter.forward(x, batch.sigmas[i], state, guidance=sampling.guidance, negative=negative)
+        """Velocities and transitions of stored ``steps`` in one forward, scoring the stored ``x_{j+1}``.
+
+        Rows are step-major: row ``k * B + b`` is sample ``b`` at step ``steps[k]``.
+        """
+        assert batch.latents is not None and batch.next_latents is not None
+        sampling, device, size = self.sampling, self.accelerator.device, len(batch)
+        x = batch.latents[:, steps.start : steps.stop].transpose(0, 1).flatten(0, 1).to(device)
+        target = batch.next_latents[:, steps.start : steps.stop].transpose(0, 1).flatten(0, 1).to(device)
+        sigma = batch.sigmas[steps.start : steps.stop].repeat_interleave(size).to(device)
+        sigma_next = batch.sigmas_next[steps.start : steps.stop].repeat_interleave(size).to(device)
+        repeated = type(state).cat([state] * len(steps))  # type: ignore[attr-defined]
+        negatives = None if negative is None else type(negative).cat([negative] * len(steps))  # type: ignore[attr-defined]
+        velocity = self.adapter.forward(x, sigma, repeated, guidance=sampling.guidance, negative=negatives)
         out = sde_step(
-            sampling.dynamics,
-            velocity,
-            x,
-            batch.sigmas[i],
-            batch.sigmas_next[i],
-            noise_level=sampling.noise_level,
-            prev_sample=batch.next_latents[:, i].to(device),
+            sampling.dynamics, velocity, x, sigma, sigma_next, noise_level=sampling.noise_level, prev_sample=target
         )
         return velocity, out
+
+    def _step_chunks(self, batch: Rollout) -> list[range]:
+        """The stored steps grouped into the passes of ``replay_steps_per_pass``."""
+        count = len(batch.steps)
+        width = self.args.replay_steps_per_pass or count
+        return [range(start, min(start + width, count)) for start in range(0, count, width)]
 
     @torch.no_grad()
     def replay_log_probs(self, batch: Rollout) -> Tensor:
         """[B, steps] log-probabilities of the stored transitions under the current weights."""
         state, negative = self._condition_states(batch)
-        return torch.stack(
-            [self._replay_step(batch, i, state, negative)[1].log_prob for i in range(len(batch.steps))], 1
-        )
+        chunks = [self._replay_steps(batch, steps, state, negative)[1].log_prob for steps in self._step_chunks(batch)]
+        return torch.cat(chunks).view(len(batch.steps), len(batch)).T
 
     def replay_loss(self, batch: Rollout, *, scale: float) -> dict[str, float]:
         """Backpropagate the GRPO loss of one micro-batch over its stored steps; return metrics."""
         assert batch.advantages is not None
-        args, device = self.args, self.accelerator.device
+        args, device, size = self.args, self.accelerator.device, len(batch)
         state, negative = self._condition_states(batch)
         advantages = batch.advantages.to(device).float()
-        steps = len(batch.steps)
+        count = len(batch.steps)
         totals: dict[str, float] = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0}
-        for i in range(steps):
+        for steps in self._step_chunks(batch):
             if args.kl_beta > 0:
                 with torch.no_grad(), self.adapter.use_snapshot(REFERENCE):
-                    v_ref, ref = self._replay_step(batch, i, state, negative)
-            velocity, out = self._replay_step(batch, i, state, negative)
-            policy, extra = self.policy_loss(out, batch, i, advantages)
-            kl = torch.zeros((), device=device)
-            if args.kl_beta > 0 and args.kl_space == "x":
-                kl = gaussian_kl_mean(out.mean, ref.mean, out.std).mean()
-            elif args.kl_beta > 0:
-                kl = (velocity.float() - v_ref.float()).pow(2).flatten(1).mean(1).mean()
-            loss = policy + args.kl_beta * kl
-            self.backward(loss * scale / steps)
-            totals["loss"] += float(loss.detach()) / steps
-            totals["policy_loss"] += float(policy.detach()) / steps
-            totals["kl"] += float(kl.detach()) / steps
-            for key, value in extra.items():
-                totals[key] = totals.get(key, 0.0) + value / steps
+                    v_ref, ref = self._replay_steps(batch, steps, state, negative)
+            velocity, out = self._replay_steps(batch, steps, state, negative)
+            chunk_loss = torch.zeros((), device=device)
+            for k, i in enumerate(steps):
+                rows = slice(k * size, (k + 1) * size)
+                current = step_rows(out, rows)
+                policy, extra = self.policy_loss(current, batch, i, advantages)
+                kl = torch.zeros((), device=device)
+                if args.kl_beta > 0 and args.kl_space == "x":
+                    kl = gaussian_kl_mean(current.mean, ref.mean[rows], current.std).mean()
+                elif args.kl_beta > 0:
+                    kl = (velocity[rows].float() - v_ref[rows].float()).pow(2).flatten(1).mean(1).mean()
+                loss = policy + args.kl_beta * kl
+                chunk_loss = chunk_loss + loss
+                totals["loss"] += float(loss.detach()) / count
+                totals["policy_loss"] += float(policy.detach()) / count
+                totals["kl"] += float(kl.detach()) / count
+                for key, value in extra.items():
+                    totals[key] = totals.get(key, 0.0) + value / count
+            self.backward(chunk_loss * scale / count)
         return totals
 
     def policy_loss(
