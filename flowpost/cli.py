@@ -25,6 +25,21 @@ app.add_typer(dvc_app, name="dvc")
 PipelineArg = Annotated[Path | None, typer.Argument(help="pipeline YAML (default: the embedded digits pipeline)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="dotted override, e.g. stages.sft.train.lr=1e-4")]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", "-w", help="folder for every output of the pipeline")]
+MachinesOpt = Annotated[int | None, typer.Option("--num-machines", help="machines of multi-process stages")]
+MachineRankOpt = Annotated[int | None, typer.Option("--machine-rank", help="this machine's rank (0: main)")]
+MainIpOpt = Annotated[str | None, typer.Option("--main-process-ip", help="address of machine 0")]
+MainPortOpt = Annotated[int | None, typer.Option("--main-process-port", help="rendezvous port on machine 0")]
+
+
+def _set_topology(machines: int | None, rank: int | None, ip: str | None, port: int | None) -> None:
+    """Flags given override the ``FLOWPOST_*`` topology variables every stage process reads."""
+    from dataclasses import replace
+
+    from flowpost.core.process_group import Topology
+
+    given = {"num_machines": machines, "machine_rank": rank, "main_process_ip": ip, "main_process_port": port}
+    topology = replace(Topology.from_env(), **{k: v for k, v in given.items() if v is not None})
+    os.environ.update(Topology.from_env(topology.to_env()).to_env())  # validated
 
 
 def _load(pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False):  # noqa: ANN202
@@ -42,6 +57,10 @@ def run(
     smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="rerun nodes even when a result exists")] = False,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="continue killed stages")] = True,
+    num_machines: MachinesOpt = None,
+    machine_rank: MachineRankOpt = None,
+    main_process_ip: MainIpOpt = None,
+    main_process_port: MainPortOpt = None,
 ) -> None:
     """Run the pipeline as a Prefect flow; print which nodes ran and which were cached."""
     from rich.console import Console
@@ -50,6 +69,7 @@ def run(
     from flowpost.core.config.loading import pipeline_to_dict
 
     config = _load(pipeline, set_, smoke=smoke)
+    _set_topology(num_machines, machine_rank, main_process_ip, main_process_port)
     _quiet_prefect_defaults()
     from flowpost.flows.pipeline import pipeline_flow
 
@@ -105,10 +125,15 @@ def stage(
     force: Annotated[
         bool, typer.Option("--force", help="run even if complete (a training node still resumes)")
     ] = False,
+    num_machines: MachinesOpt = None,
+    machine_rank: MachineRankOpt = None,
+    main_process_ip: MainIpOpt = None,
+    main_process_port: MainPortOpt = None,
 ) -> None:
     """Run one node without Prefect (its inputs must have completed)."""
     from flowpost.tasks.runner import PipelineRun
 
+    _set_topology(num_machines, machine_rank, main_process_ip, main_process_port)
     if layout not in ("content", "fixed"):
         raise FlowpostError(f"unknown layout {layout!r}; use content or fixed", where="--layout")
     run_ = PipelineRun(_load(pipeline, set_, smoke=smoke), workspace, layout=layout)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConf
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import NULL_PROMPT, ModelAdapter
 from flowpost.core.models.registry import adapter_class, load_adapter
+from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.rewards.registry import build_reward, reward_parameters
@@ -137,7 +138,19 @@ def follow_parent() -> bool:
     return os.getppid() == int(expected)
 
 
+def _redirect_output(path: Path) -> None:
+    """Send this process's stdout and stderr (file descriptors included) to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """One stage process: a rank (single-process, or started by torchrun) or the ranks' launcher."""
     if not follow_parent():
         print("error: the orchestrating process has exited; not starting the stage", file=sys.stderr)
         return PARENT_GONE
@@ -145,9 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m flowpost.core.launch STAGE.json", file=sys.stderr)
         return 2
+    spec = StageSpec.read(argv[0])
+    num_processes = int((spec.config.get("launch") or {}).get("num_processes", 1))
+    started_by_torchrun = "RANK" in os.environ
+    if num_processes > 1 and not started_by_torchrun:
+        return launch_ranks(argv[0], num_processes)
+    rank = int(os.environ.get("RANK", 0))
+    if started_by_torchrun:
+        _redirect_output(rank_log(spec.output_dir, rank))
     try:
-        progress = run_stage(StageSpec.read(argv[0]))
-    except FlowpostError as exc:
+        progress = run_stage(spec)
+    except BaseException as exc:
+        record_rank_failure(spec.output_dir, rank, exc)
+        if not isinstance(exc, FlowpostError):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
     log.info("stage finished at %s", progress)

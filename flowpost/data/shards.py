@@ -47,7 +47,7 @@ def write_shards(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, Any]] = []
-    prompts: set[str] = set()
+    labels: dict[str, Any] = {}
     image_shape: list[int] | None = None
     pending: list[dict[str, Any]] = []
 
@@ -63,7 +63,7 @@ def write_shards(
             image_shape = shape
         elif shape != image_shape:
             raise ValueError(f"record {record.key!r} has shape {shape}, expected {image_shape}")
-        prompts.add(record.prompt)
+        labels.setdefault(record.prompt, record.label)
         pending.append(_encode(record))
         if len(pending) == shard_size:
             flush()
@@ -72,7 +72,8 @@ def write_shards(
     return {
         "count": sum(shard["count"] for shard in shards),
         "shards": shards,
-        "prompts": sorted(prompts),
+        "prompts": sorted(labels),
+        "labels": {prompt: labels[prompt] for prompt in sorted(labels)},  # the prompt pool, without the images
         "image_shape": image_shape,
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from flowpost.core.io import read_json
 from flowpost.core.trainers.inputs import ConditionTable, StageInputs
@@ -18,6 +19,11 @@ def condition_table(cache_dir: str | Path, encoder_fingerprint: str) -> Conditio
     return ConditionTable(prompts=prompts, batch=batch, where=str(cache_dir))
 
 
+def _demonstration_loader(train_dir: Path, manifest: dict[str, Any], **layout: Any) -> FiniteLoader:
+    """The finite loader over the dataset's records, read (and hash-checked) when a trainer asks."""
+    return FiniteLoader(DemonstrationDataset(read_shards(train_dir, manifest)), **layout)
+
+
 def load_stage_inputs(spec: StageSpec) -> StageInputs:
     """Conditions, the training demonstrations, the prompt pool and assets named by ``spec``."""
     inputs = StageInputs()
@@ -26,9 +32,11 @@ def load_stage_inputs(spec: StageSpec) -> StageInputs:
     if spec.dataset_dir is not None:
         dataset_dir = Path(spec.dataset_dir)
         train_dir = dataset_dir / "train"
-        records = read_shards(train_dir, read_json(train_dir / "manifest.json", what="dataset manifest"))
-        inputs.demonstrations = partial(FiniteLoader, DemonstrationDataset(records))
-        labels = {record.prompt: record.label for record in records}
+        manifest = read_json(train_dir / "manifest.json", what="dataset manifest")
+        inputs.demonstrations = partial(_demonstration_loader, train_dir, manifest)
+        labels = manifest.get("labels") if isinstance(manifest, dict) else None
+        if not isinstance(labels, dict):  # written before manifests listed labels
+            labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
         inputs.prompts = [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
         inputs.assets_dir = dataset_dir / "assets"
     return inputs

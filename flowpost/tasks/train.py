@@ -13,6 +13,7 @@ from typing import Any
 
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.events import read_events
+from flowpost.core.process_group import failed_ranks, rank_error, rank_log
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.errors import FlowpostError
 from flowpost.tasks.conditions import encoder_settings
@@ -54,9 +55,10 @@ def stage_spec(
 def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> dict[str, Any]:
     """Start ``python -m flowpost.core.launch`` in its own session; relay events until it exits.
 
-    Rank output goes to ``logs/rank-0.log``. A failure raises naming the rank and its last log
-    lines; an interrupt kills the whole process group, and so does ``launch.hang_timeout`` seconds
-    without a new event (the stage is then reported as hung).
+    Rank ``N`` writes ``logs/rank-N.log`` (with several processes the launcher writes
+    ``logs/launcher.log``). A failure raises naming the failed rank and its last log lines; an
+    interrupt kills the stage's processes, and so does ``launch.hang_timeout`` seconds without a
+    new event (the stage is then reported as hung).
     """
     out = Path(spec.output_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -64,7 +66,10 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
     spec.write(spec_path)
     events_path = out / "events.jsonl"
     attempt_start = seen = len(read_events(events_path))  # earlier attempts' events stay before this
-    log_path = out / "logs" / "rank-0.log"
+    for stale in failed_ranks(out):
+        rank_error(out, stale).unlink()
+    multi = int((spec.config.get("launch") or {}).get("num_processes", 1)) > 1
+    log_path = out / "logs" / "launcher.log" if multi else rank_log(out, 0)
     # No preexec_fn: forking with one is unsafe in a threaded parent (Prefect runs tasks in
     # threads). The stage process ties its life to ours itself (see flowpost.core.launch).
     env = {
@@ -98,9 +103,18 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
             _kill_group(process)
             raise
     _relay(events_path, seen, on_event)
+    failed = failed_ranks(out) if process.returncode != 0 else []
+    if failed:
+        rank, error = failed[0], rank_error(out, failed[0]).read_text(errors="replace").strip().splitlines()[-1]
+        later = f" (then rank(s) {', '.join(map(str, failed[1:]))})" if failed[1:] else ""
+        raise FlowpostError(
+            f"stage {spec.stage!r}: rank {rank} failed{later}: {error}; "
+            f"last lines of its log:\n{_tail(rank_log(out, rank))}",
+            where=str(rank_log(out, rank)),
+        )
     if process.returncode != 0:
         raise FlowpostError(
-            f"stage {spec.stage!r}: rank 0 exited with code {process.returncode}; last log lines:\n{_tail(log_path)}",
+            f"stage {spec.stage!r} exited with code {process.returncode}; last log lines:\n{_tail(log_path)}",
             where=str(log_path),
         )
     done = [e for e in read_events(events_path)[attempt_start:] if e.get("event") == "done"]

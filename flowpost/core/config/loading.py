@@ -138,6 +138,13 @@ def _stage_problems(name: str, stage: StageConfig, contract: ExecutionContract) 
             problems.append(
                 f"stages.{name}.rewards.{i}.name: unknown reward {reward.name!r}; known: {', '.join(sorted(REWARDS))}"
             )
+    processes = stage.launch.num_processes
+    for key in ("batch_size", "rollout_batch_size", "train_batch_size"):
+        size = stage.train.get(key)
+        if isinstance(size, int) and size % processes:
+            problems.append(
+                f"stages.{name}.train.{key}: {size} does not split evenly over launch.num_processes={processes}"
+            )
     return problems
 
 

@@ -93,7 +93,7 @@ class CallbacksConfig(StrictModel):
 class LaunchConfig(StrictModel):
     """How many processes train a stage. Topology (nodes, addresses) comes from flags/env."""
 
-    num_processes: int = Field(1, ge=1)
+    num_processes: int = Field(1, ge=1, description="processes over all machines; global batch sizes are split")
     backend: Literal["ddp", "fsdp2", "deepspeed-zero2"] = "ddp"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     hang_timeout: float | None = Field(
@@ -101,9 +101,9 @@ class LaunchConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _single_process_for_now(self) -> LaunchConfig:
-        if self.num_processes != 1:
-            raise ValueError("multi-process launch is not available in this version; set num_processes: 1")
+    def _available(self) -> LaunchConfig:
+        if self.backend != "ddp" and self.num_processes > 1:
+            raise ValueError(f"backend {self.backend!r} is not available in this version; use backend: ddp")
         if self.mixed_precision != "no":
             raise ValueError("mixed precision is not available in this version; set mixed_precision: 'no'")
         return self

@@ -21,6 +21,7 @@ from flowpost.core.checkpoint import (
 )
 from flowpost.core.config.schema import SamplingConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
+from flowpost.core.distributed import average_gradients, broadcast_module, mean_over_ranks, replicas_agree
 from flowpost.core.events import EventLog
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
@@ -101,16 +102,18 @@ class BaseTrainer(GenerationMixin, ABC):
             enabled=self.accelerator.is_main_process,
         )
         self._micro_index = 0
+        model = adapter.module().to(self.accelerator.device)
+        broadcast_module(model)  # replicas start equal whatever each rank's init did
         self.setup()
-        model = adapter.module()
         model.train()
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay)
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(self.trainable, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay)
         warmup = args.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.model = model  # not wrapped: gradients are averaged explicitly (flowpost.core.distributed)
+        self.optimizer = self.accelerator.prepare_optimizer(optimizer)
 
     # -- hooks -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -157,8 +160,15 @@ class BaseTrainer(GenerationMixin, ABC):
         if self._saved_progress != self.progress:
             self.save_checkpoint()
         self.callbacks.on_train_end(self)
+        if not replicas_agree(self.model):
+            raise FlowpostError(
+                f"stage {self.stage!r}: the {self.accelerator.num_processes} ranks ended with different weights",
+                where=str(self.output_dir),
+            )
         self.save_final_weights()
-        self.events.emit("done", step=self.completed_units, progress=self.progress.to_dict())
+        self.events.emit(
+            "done", step=self.completed_units, progress=self.progress.to_dict(), ranks=self.accelerator.num_processes
+        )
         return self.progress
 
     def _run_generation_iterations(self, budget: int) -> None:
@@ -167,7 +177,7 @@ class BaseTrainer(GenerationMixin, ABC):
             samples = self.sample()
             self._feedback_metrics = {}
             if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
-                self._feedback_metrics = self._global_mean(self.score(samples))
+                self._feedback_metrics = mean_over_ranks(self.score(samples))
             self._unit_metrics = dict(self._feedback_metrics)
             self.optimize(samples)
             self.progress = self.progress.after_rollout()
@@ -218,13 +228,14 @@ class BaseTrainer(GenerationMixin, ABC):
     def step_optimizer(self, metrics: dict[str, float], *, micro_batches: int = 0) -> dict[str, float]:
         """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks."""
         metrics = dict(metrics)
+        average_gradients(self.trainable)
         metrics.update(self.callbacks.on_before_optimizer_step(self))
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress = self.progress.after_optimizer_step(micro_batches)
-        metrics = {**self._feedback_metrics, **self._global_mean(metrics)}  # trackers see this cycle's rewards
+        metrics = {**self._feedback_metrics, **mean_over_ranks(metrics)}  # trackers see this cycle's rewards
         self.callbacks.on_step_end(self, metrics)
         return metrics
 
@@ -300,11 +311,3 @@ class BaseTrainer(GenerationMixin, ABC):
         random.seed(seed)
         np.random.seed(seed % (1 << 32))
         torch.manual_seed(seed)
-
-    def _global_mean(self, metrics: dict[str, float]) -> dict[str, float]:
-        if self.accelerator.num_processes == 1 or not metrics:
-            return metrics
-        keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.accelerator.device)
-        values = self.accelerator.reduce(values, reduction="mean")
-        return {k: float(v) for k, v in zip(keys, values.tolist(), strict=True)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,6 +12,7 @@ from flowpost.core.advantages import advantage_metrics, group_advantages
 from flowpost.core.contracts import Paradigm
 from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.noise import addressed_generator, addressed_randn
+from flowpost.core.rewards.combine import RewardOutput
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
@@ -22,6 +24,14 @@ if TYPE_CHECKING:
     from flowpost.core.rewards.combine import WeightedRewards
     from flowpost.core.trainers.inputs import StageInputs
     from flowpost.core.trainers.spec import StageSpec
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """This rank's rows of one global micro-batch; ``share`` = rows x world size / global rows."""
+
+    rows: list[int]
+    share: float
 
 
 class GenerationMixin:
@@ -117,27 +127,41 @@ class GenerationMixin:
             **traj,
         )
 
-    def micro_batches(self, size: int, epoch: int) -> list[list[int]]:
-        """Pass ``epoch``'s shuffled micro-batches (row lists) over a rollout of ``size`` rows on this rank."""
-        local_batch = max(self.args.train_batch_size // self.accelerator.num_processes, 1)
+    def micro_batches(self, size: int, epoch: int) -> list[MicroBatch]:
+        """Pass ``epoch``'s shuffled micro-batches over a rollout of ``size`` rows per rank.
+
+        The shuffle is over the global rows (rank ``r`` owns ``[r * size, (r + 1) * size)``) and a
+        micro-batch is ``train_batch_size`` global rows, so its composition does not depend on the
+        world size; each rank trains on the rows it owns, weighted by ``MicroBatch.share``.
+        """
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
         generator = addressed_generator(self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle")
-        order = torch.randperm(size, generator=generator).tolist()
-        return [order[i : i + local_batch] for i in range(0, len(order), local_batch)]
+        order = torch.randperm(size * world, generator=generator).tolist()
+        width = max(self.args.train_batch_size, 1)
+        batches = []
+        for start in range(0, len(order), width):
+            chunk = order[start : start + width]
+            rows = [g - rank * size for g in chunk if rank * size <= g < (rank + 1) * size]
+            batches.append(MicroBatch(rows, len(rows) * world / len(chunk)))
+        return batches
 
     def train_on_rollout(self, samples: Rollout, loss: Callable[[Rollout, float], dict[str, float]]) -> None:
         """``inner_epochs`` passes over ``samples`` in ``micro_batches``, stepping every accumulation.
 
-        ``loss(micro_batch, scale)`` backpropagates its loss times ``scale`` and returns metrics; a
-        trailing partial accumulation window is dropped unless it is the only one.
+        ``loss(micro_batch, scale)`` backpropagates its mean loss times ``scale`` and returns metrics
+        (means over its rows); a rank without rows in a micro-batch skips it but still takes part in
+        the step's gradient average. A trailing partial accumulation window is dropped unless it is
+        the only one.
         """
         accum = self.args.gradient_accumulation_steps
         for epoch in range(self.args.inner_epochs):
             batches = self.micro_batches(len(samples), epoch)
             usable = len(batches) - len(batches) % accum or len(batches)
             sums: dict[str, float] = {}
-            for number, rows in enumerate(batches[:usable]):
-                for key, value in loss(samples.select(rows), 1.0 / accum).items():
-                    sums[key] = sums.get(key, 0.0) + value / accum
+            for number, batch in enumerate(batches[:usable]):
+                if batch.rows:
+                    for key, value in loss(samples.select(batch.rows), batch.share / accum).items():
+                        sums[key] = sums.get(key, 0.0) + value * batch.share / accum
                 if (number + 1) % accum == 0 or number + 1 == usable:
                     self._unit_metrics |= self.step_optimizer(sums)
                     sums = {}
@@ -147,7 +171,11 @@ class GenerationMixin:
         assert self.rewards is not None
         output = self.rewards(self.adapter.decode(rollout.final).cpu(), rollout.prompts, rollout.metadata)
         device = self.accelerator.device
-        rewards = self.accelerator.gather(output.total.to(device)).cpu()
+        gathered = RewardOutput(
+            total=self.accelerator.gather(output.total.to(device)).cpu(),
+            components={k: self.accelerator.gather(v.to(device)).cpu() for k, v in output.components.items()},
+        )
+        rewards = gathered.total
         groups = self.accelerator.gather(rollout.group_ids.to(device)).cpu()
         args = self.args
         advantages = group_advantages(
@@ -160,4 +188,4 @@ class GenerationMixin:
         rollout.rewards = output.total
         rollout.advantages = advantages[start : start + len(rollout)]
         stats = advantage_metrics(rewards, groups, advantages, clip=args.advantage_clip)  # type: ignore[attr-defined]
-        return self.rewards.metrics(output) | {f"advantage/{key}": value for key, value in stats.items()}
+        return self.rewards.metrics(gathered) | {f"advantage/{key}": value for key, value in stats.items()}

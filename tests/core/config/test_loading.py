@@ -204,7 +204,9 @@ def test_stage_init_may_name_only_earlier_stage(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("override", "path"),
     [
-        ("stages.sft.launch.num_processes=2", "stages.sft.launch"),
+        ("stages.sft.launch.num_processes=3", "stages.sft.train.batch_size"),
+        ("stages.grpo.launch.num_processes=3", "stages.grpo.train.rollout_batch_size"),
+        ("stages.sft.launch.backend=fsdp2", "stages.sft.launch"),
         ("stages.sft.model.family=nope", "stages.sft.model.family"),
         ("evaluate.samples=1", "evaluate.samples"),
         ("datasets.digits.image_size=10", "datasets.digits.image_size"),
@@ -213,7 +215,13 @@ def test_stage_init_may_name_only_earlier_stage(tmp_path: Path) -> None:
     ],
 )
 def test_settings_that_would_fail_later_are_rejected_up_front(override: str, path: str) -> None:
-    assert path in _error([override])
+    overrides = [override, "stages.sft.launch.num_processes=2"] if "backend" in override else [override]
+    assert path in _error(overrides)
+
+
+def test_two_processes_split_the_default_batches() -> None:
+    pipeline = load_pipeline(None, ["stages.sft.launch.num_processes=2", "stages.grpo.launch.num_processes=2"])
+    assert pipeline.stages["grpo"].launch.num_processes == 2
 
 
 def test_stage_names_must_be_plain_identifiers(tmp_path: Path) -> None:

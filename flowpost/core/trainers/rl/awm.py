@@ -150,8 +150,10 @@ class AWMTrainer(BaseTrainer):
         """
         device = self.accelerator.device
         values: dict[int, Tensor] = {}
-        for rows in self.micro_batches(len(samples), epoch=0):
-            batch = samples.select(rows)
+        for micro in self.micro_batches(len(samples), epoch=0):
+            if not micro.rows:
+                continue
+            batch = samples.select(micro.rows)
             x0 = batch.final.to(device)
             state = self.adapter.prepare_condition_state(batch.conditions.to(device))
             sigmas, noises = self.training_points(batch)

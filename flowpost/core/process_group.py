@@ -1,0 +1,116 @@
+"""A stage's ranks: ``torchrun`` run inside the stage process, topology from the environment.
+
+``launch.num_processes`` counts processes over all machines. Topology is never part of the pipeline
+(nor of a fingerprint): ``flowpost run`` flags set the ``FLOWPOST_*`` variables below, which every
+process of the stage reads.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from flowpost.core.io import write_bytes_atomic
+from flowpost.core.trainers.spec import PARENT_PID_ENV
+from flowpost.errors import FlowpostError
+
+NUM_MACHINES_ENV = "FLOWPOST_NUM_MACHINES"
+MACHINE_RANK_ENV = "FLOWPOST_MACHINE_RANK"
+MAIN_PROCESS_IP_ENV = "FLOWPOST_MAIN_PROCESS_IP"
+MAIN_PROCESS_PORT_ENV = "FLOWPOST_MAIN_PROCESS_PORT"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this machine sits in a multi-machine stage (one machine by default)."""
+
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str = "127.0.0.1"
+    main_process_port: int = 29500
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Topology:
+        env = os.environ if environ is None else environ
+        try:
+            topology = cls(
+                num_machines=int(env.get(NUM_MACHINES_ENV, 1)),
+                machine_rank=int(env.get(MACHINE_RANK_ENV, 0)),
+                main_process_ip=env.get(MAIN_PROCESS_IP_ENV, "127.0.0.1"),
+                main_process_port=int(env.get(MAIN_PROCESS_PORT_ENV, 29500)),
+            )
+        except ValueError as exc:
+            raise FlowpostError(f"bad topology variable: {exc}", where=NUM_MACHINES_ENV) from exc
+        if topology.num_machines < 1 or not 0 <= topology.machine_rank < topology.num_machines:
+            raise FlowpostError(
+                f"machine rank {topology.machine_rank} is outside 0..{topology.num_machines - 1}",
+                where="--machine-rank",
+            )
+        return topology
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            NUM_MACHINES_ENV: str(self.num_machines),
+            MACHINE_RANK_ENV: str(self.machine_rank),
+            MAIN_PROCESS_IP_ENV: self.main_process_ip,
+            MAIN_PROCESS_PORT_ENV: str(self.main_process_port),
+        }
+
+
+def torchrun_arguments(spec_path: str | Path, num_processes: int, topology: Topology) -> list[str]:
+    """``torchrun`` arguments starting this machine's share of ``num_processes`` stage ranks."""
+    if num_processes % topology.num_machines:
+        raise FlowpostError(
+            f"{num_processes} processes do not split evenly over {topology.num_machines} machines",
+            where="launch.num_processes",
+        )
+    per_machine = str(num_processes // topology.num_machines)
+    if topology.num_machines == 1:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [
+            f"--nnodes={topology.num_machines}",
+            f"--node-rank={topology.machine_rank}",
+            f"--master-addr={topology.main_process_ip}",
+            f"--master-port={topology.main_process_port}",
+        ]
+    return [*rendezvous, f"--nproc-per-node={per_machine}", "-m", "flowpost.core.launch", str(spec_path)]
+
+
+def launch_ranks(spec_path: str | Path, num_processes: int) -> int:
+    """Run this machine's ranks to completion; 0 when all succeeded."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    os.environ[PARENT_PID_ENV] = str(os.getpid())  # ranks follow this process, as it follows its parent
+    try:
+        torchrun(torchrun_arguments(spec_path, num_processes, Topology.from_env()))
+    except ChildFailedError:
+        return 1
+    return 0
+
+
+def rank_log(output_dir: str | Path, rank: int) -> Path:
+    return Path(output_dir) / "logs" / f"rank-{rank}.log"
+
+
+def rank_error(output_dir: str | Path, rank: int) -> Path:
+    return Path(output_dir) / "logs" / f"rank-{rank}.error"
+
+
+def record_rank_failure(output_dir: str | Path, rank: int, exc: BaseException) -> None:
+    """Leave the rank's error where the orchestrator looks for it."""
+    text = str(exc) if isinstance(exc, FlowpostError) else "".join(traceback.format_exception(exc))
+    write_bytes_atomic(rank_error(output_dir, rank), text.encode())
+
+
+def failed_ranks(output_dir: str | Path) -> list[int]:
+    """Ranks that recorded a failure, first failure first (a rank's failure ends its peers' collectives)."""
+    found = [
+        (path.stat().st_mtime_ns, int(path.stem.removeprefix("rank-")))
+        for path in Path(output_dir, "logs").glob("rank-*.error")
+    ]
+    return [rank for _, rank in sorted(found)]
