@@ -3,7 +3,9 @@
 Each DVC stage calls ``flowpost stage NODE --pipeline params.yaml --workspace workspace --layout
 fixed --force``: DVC decides what is stale, flowpost runs it in the node's fixed folder. Outs are
 the durable results only; a training stage's checkpoints are ``persist: true, cache: false`` so a
-killed ``dvc repro`` resumes.
+killed ``dvc repro`` resumes. ``workspace/promoted.json`` is workspace state outside DVC: the
+promotion gate and stages with ``init: previous`` read it, so their stages are ``always_changed``
+(flowpost still reuses what did not change: a training stage resumes its finished checkpoints).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import yaml
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import write_bytes_atomic
-from flowpost.tasks.graph import Node, build_nodes, fixed_folder
+from flowpost.tasks.graph import Node, build_nodes, fixed_folder, reads_promoted
 
 PARAMS_FILE = "params.yaml"
 DVC_FILE = "dvc.yaml"
@@ -40,7 +42,11 @@ def _params(node: Node, pipeline: PipelineConfig) -> list[str]:
     if node.kind == "eval":
         return [*common, *(f"evaluate.{k}" for k in pipeline.evaluate.model_dump() if k != "after")]
     if node.kind == "export":
-        return [*common, "export", "evaluate.weights"]
+        gated = pipeline.export is not None and pipeline.export.promote is not None
+        section = ["export.from", "export.formats"] if gated else ["export"]  # the gate is the promote stage's
+        return [*common, *section, "evaluate.weights"]
+    if node.kind == "promote":
+        return [*common, "export.promote"]
     return ["name", "evaluate.after"]
 
 
@@ -68,6 +74,8 @@ def dvc_stages(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, A
             stage["deps"] = deps
         stage["params"] = _params(node, pipeline)
         stage |= _outs(node, folders[node.id])
+        if reads_promoted(node):
+            stage["always_changed"] = True
         stages[node.id] = stage
     return {"stages": stages}
 

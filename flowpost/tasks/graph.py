@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -22,6 +23,10 @@ class Node:
     key: str
     deps: tuple[str, ...]
     config: dict[str, Any]
+
+
+PROMOTED = "promoted export"  # a source: the export WORKSPACE/promoted.json names
+Sources = Callable[[Node, dict[str, str]], dict[str, str]]  # (node, upstream fingerprints) -> {source: value}
 
 
 def build_nodes(pipeline: PipelineConfig) -> list[Node]:
@@ -61,8 +66,9 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         deps = []
         if stage.data is not None:
             deps += [f"acquire.{stage.data.dataset}", f"conditions.{stage.data.conditions}"]
-        if stage.model.init != "scratch":
-            deps.append(f"train.{stage.model.init}")
+        start = stage.model.fallback if stage.model.init == "previous" else stage.model.init
+        if start != "scratch":
+            deps.append(f"train.{start}")
         nodes.append(
             Node(
                 f"train.{name}",
@@ -100,12 +106,15 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 tuple(deps),
                 {
                     **common,
-                    **p.export.model_dump(mode="json", by_alias=True),
+                    **p.export.model_dump(mode="json", by_alias=True, exclude={"promote"}),
                     "weights": p.evaluate.weights,
                 },
             )
         )
-    report_deps = tuple(f"eval.{name}" for name in p.evaluate.after) + (("export",) if p.export else ())
+    if p.export is not None and p.export.promote is not None:
+        gate = p.export.promote.model_dump(mode="json")
+        nodes.append(Node("promote", "promote", p.export.from_stage, ("export",), {**common, **gate}))
+    report_deps = tuple(node.id for node in nodes if node.kind in ("eval", "export", "promote"))
     nodes.append(Node("report", "report", "report", report_deps, {**common, "name": p.name}))
     return nodes
 
@@ -119,6 +128,8 @@ def fixed_folder(node: Node, pipeline: PipelineConfig) -> str:
         return f"stages/{key}"
     if kind == "export":
         return f"stages/{key}/export"
+    if kind == "promote":
+        return f"stages/{key}/promotion"
     return {"conditions": f"conditions/{key}", "eval": f"eval/{key}", "report": "report"}[kind]
 
 
@@ -148,22 +159,30 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def fingerprint_inputs(nodes: list[Node], *, code: str | None = None) -> dict[str, dict[str, Any]]:
-    """Node id -> what its fingerprint hashes: kind, config, upstream fingerprints, code fingerprint."""
+def reads_promoted(node: Node) -> bool:
+    """Whether the node's result depends on the promoted export: the gate, and stages with ``init: previous``."""
+    return node.kind == "promote" or (node.kind == "train" and node.config["model"]["init"] == "previous")
+
+
+def fingerprint_inputs(
+    nodes: list[Node], *, code: str | None = None, sources: Sources | None = None
+) -> dict[str, dict[str, Any]]:
+    """Node id -> what its fingerprint hashes: kind, config, upstream fingerprints, code fingerprint,
+    and the node's ``sources`` (state outside the config its result depends on) when it has any."""
     code = code or code_fingerprint()
     inputs: dict[str, dict[str, Any]] = {}
     prints: dict[str, str] = {}
     for node in nodes:
-        inputs[node.id] = {
-            "kind": node.kind,
-            "config": node.config,
-            "deps": {d: prints[d] for d in node.deps},
-            "code": code,
-        }
+        deps = {d: prints[d] for d in node.deps}
+        inputs[node.id] = {"kind": node.kind, "config": node.config, "deps": deps, "code": code}
+        found = sources(node, deps) if sources is not None else {}
+        if found:
+            inputs[node.id]["sources"] = found
         prints[node.id] = sha256_json(inputs[node.id])
     return inputs
 
 
-def fingerprints(nodes: list[Node], *, code: str | None = None) -> dict[str, str]:
-    """Node id -> hash(kind, config, upstream fingerprints, code fingerprint)."""
-    return {node: sha256_json(inputs) for node, inputs in fingerprint_inputs(nodes, code=code).items()}
+def fingerprints(nodes: list[Node], *, code: str | None = None, sources: Sources | None = None) -> dict[str, str]:
+    """Node id -> hash(kind, config, upstream fingerprints, code fingerprint, sources)."""
+    inputs = fingerprint_inputs(nodes, code=code, sources=sources)
+    return {node: sha256_json(value) for node, value in inputs.items()}

@@ -45,6 +45,8 @@ def _why_stale(run: PipelineRun, node_id: str) -> str:
         return f"earlier result {previous['fingerprint'][:12]} predates recorded inputs" + partial
     now = run.inputs[node_id]
     reasons = [f"{dep} changed" for dep, value in now["deps"].items() if before.get("deps", {}).get(dep) != value]
+    sources = now.get("sources", {})
+    reasons += [f"{name} changed" for name, value in sources.items() if before.get("sources", {}).get(name) != value]
     changes = _differences(before.get("config", {}), now["config"])
     if changes:
         shown = changes[:MAX_CHANGES] + ([f"{len(changes) - MAX_CHANGES} more"] if len(changes) > MAX_CHANGES else [])

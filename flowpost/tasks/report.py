@@ -6,14 +6,21 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
+from flowpost.tasks.promote import DECISION_FILE
 
 REPORTED = ("adherence", "reward_mean", "fd", "n_samples", "step", "weights", "seed", "smoke")
 
 
 def write_report(
-    *, name: str, eval_dirs: dict[str, Path], export_dir: Path | None, out_dirs: list[Path]
+    *,
+    name: str,
+    eval_dirs: dict[str, Path],
+    export_dir: Path | None,
+    out_dirs: list[Path],
+    promotion_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """``{stage: {adherence, reward_mean, fd, n_samples, step, weights, seed, smoke}}`` to each out dir."""
+    """``{stage: {adherence, reward_mean, fd, n_samples, step, weights, seed, smoke}}`` to each out dir;
+    report.md also names the export and the promotion gate's decision."""
     metrics: dict[str, Any] = {}
     grids: dict[str, str] = {}
     for stage, directory in eval_dirs.items():
@@ -35,6 +42,9 @@ def write_report(
     lines += [f"- {stage}: `{path}`" for stage, path in grids.items()]
     if export_dir is not None:
         lines += ["", f"Export: `{export_dir}`"]
+    if promotion_dir is not None:
+        decision = read_json(promotion_dir / DECISION_FILE, what="promotion decision")
+        lines += ["", f"Promotion: {decision['reason']}"]  # the reason states the decision
     text = "\n".join(lines) + "\n"
     for directory in out_dirs:
         write_json_atomic(directory / "metrics.json", metrics)

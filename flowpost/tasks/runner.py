@@ -6,6 +6,9 @@ fixed per node (``data/<dataset>``, ``stages/<stage>``, ...). ``_complete.json``
 records the fingerprint and marks the outputs usable. Without it the folder is an interrupted
 attempt (``_attempt.json`` names its fingerprint): a training node of the same fingerprint resumes
 from its checkpoints there; anything else starts the folder over.
+
+``WORKSPACE/promoted.json`` (both layouts) records the export the promotion gate promoted; a run
+reads it once, and the gate and the stages with ``init: previous`` fingerprint what it named.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flowpost.core.config.loading import pipeline_to_dict
-from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.config.schema import ModelConfig, PipelineConfig
 from flowpost.core.io import read_json, sha256_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
@@ -25,12 +28,20 @@ from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
 from flowpost.tasks.evaluate import evaluate_stage
 from flowpost.tasks.export import export_stage
-from flowpost.tasks.graph import Node, build_nodes, fingerprint_inputs, fixed_folder
+from flowpost.tasks.graph import PROMOTED, Node, build_nodes, fingerprint_inputs, fixed_folder, reads_promoted
+from flowpost.tasks.promote import (
+    judged_against,
+    promote_export,
+    promoted_fingerprint,
+    promoted_weights,
+    read_promoted,
+)
 from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
 
 COMPLETE = "_complete.json"
 ATTEMPT = "_attempt.json"
+PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
 
 
@@ -45,15 +56,25 @@ class NodeResult:
 
 
 class PipelineRun:
-    """A pipeline bound to a workspace: node graph, fingerprints, folders."""
+    """A pipeline bound to a workspace: node graph, fingerprints, folders, and the promoted export as found."""
 
     def __init__(self, pipeline: PipelineConfig, workspace: str | Path, *, layout: Layout = "content") -> None:
         self.pipeline = pipeline
         self.workspace = Path(workspace).resolve()
         self.layout = layout
+        self.promoted = read_promoted(self.workspace)
         self.nodes = {node.id: node for node in build_nodes(pipeline)}
-        self.inputs = fingerprint_inputs(list(self.nodes.values()))
+        self.inputs = fingerprint_inputs(list(self.nodes.values()), sources=self._sources)
         self.fingerprints = {node: sha256_json(inputs) for node, inputs in self.inputs.items()}
+
+    def _sources(self, node: Node, deps: dict[str, str]) -> dict[str, str]:
+        """The promoted export a node's result depends on: the one the gate compares with, or the one
+        an ``init: previous`` stage starts from."""
+        if not reads_promoted(node):
+            return {}
+        if node.kind == "promote":
+            return {PROMOTED: judged_against(self.promoted, deps["export"])}
+        return {PROMOTED: promoted_fingerprint(self.promoted)}
 
     def node(self, node_id: str) -> Node:
         if node_id not in self.nodes:
@@ -153,10 +174,25 @@ class PipelineRun:
                 metrics=metrics,
             )
             return {"path": str(out), "step": manifest["step"], "weights": manifest["weights"]}
+        if node.kind == "promote":
+            assert p.export is not None and p.export.promote is not None  # the node exists only then
+            return promote_export(
+                p.export.promote,
+                stage=node.key,
+                export_dir=self.path("export"),
+                fingerprint=self.fingerprints["export"],
+                incumbent=self.promoted,
+                workspace=self.workspace,
+                out_dir=out,
+                keep_dir=self.workspace / PROMOTED_COPIES if self.layout == "fixed" else None,
+            )
         if node.kind == "report":
             evals = {name: self.path(f"eval.{name}") for name in p.evaluate.after}
             export = self.path("export") if "export" in self.nodes else None
-            return write_report(name=p.name, eval_dirs=evals, export_dir=export, out_dirs=[out])
+            promotion = self.path("promote") if "promote" in self.nodes else None
+            return write_report(
+                name=p.name, eval_dirs=evals, export_dir=export, promotion_dir=promotion, out_dirs=[out]
+            )
         raise AssertionError(f"unhandled node kind {node.kind}")
 
     def publish_report(self) -> Path | None:
@@ -172,7 +208,6 @@ class PipelineRun:
         stage = self.pipeline.stages[stage_name]
         data, conds = (stage.data.dataset, stage.data.conditions) if stage.data else (None, None)
         cond_dir = self.path(f"conditions.{conds}") if conds else None
-        init = stage.model.init
         return stage_spec(
             self.pipeline,
             stage_name,
@@ -180,14 +215,19 @@ class PipelineRun:
             dataset_dir=self.path(f"acquire.{data}") if data else None,
             conditions_dir=cond_dir,
             encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
-            init_from=self._init_weights(init, stage.model.init_weights) if init != "scratch" else None,
+            init_from=self._init_weights(stage.model),
             resume=resume,
         )
 
-    def _init_weights(self, stage: str, weights: str) -> Path:
+    def _init_weights(self, model: ModelConfig) -> Path | None:
+        """Where a stage starts: the promoted export (``init: previous``, once one is promoted), an
+        earlier stage's weights, or nothing (scratch)."""
         from flowpost.tasks.evaluate import stage_weights
 
-        return stage_weights(self.path(f"train.{stage}"), weights)[0]
+        if model.init == "previous" and self.promoted is not None:
+            return promoted_weights(self.promoted, self.workspace)
+        start = model.fallback if model.init == "previous" else model.init
+        return None if start == "scratch" else stage_weights(self.path(f"train.{start}"), model.init_weights)[0]
 
 
 def _recorded_fingerprint(manifest: Path) -> str | None:

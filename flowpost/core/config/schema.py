@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from flowpost.core.config.base import StrictModel
 from flowpost.core.trainers.arguments import TrainerArguments
@@ -13,6 +20,8 @@ from flowpost.core.trainers.registry import arguments_class
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
 Name = Field(pattern=NAME_PATTERN)
 Key = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+INIT_KEYWORDS = ("scratch", "previous")  # model.init values that are not stage names
+EVAL_METRICS = ("adherence", "reward_mean", "fd")  # what an evaluation's metrics.json can be compared on
 
 
 class DatasetConfig(StrictModel):
@@ -41,16 +50,35 @@ class LoraConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    """The model a stage trains: a registered family, initialised from scratch or a stage."""
+    """The model a stage trains: a registered family, initialised from scratch, a stage or the promoted export."""
 
     family: str = "tiny-sd3"
-    init: str = Field("scratch", description="'scratch' or the name of an earlier stage")
+    init: str = Field(
+        "scratch", description="'scratch', 'previous' (the workspace's promoted export) or an earlier stage"
+    )
+    fallback: str = Field(
+        "scratch", description="with init: previous, what to start from while nothing is promoted: 'scratch' or a stage"
+    )
     init_weights: Literal["ema", "live"] = Field(
         "ema", description="which weights of that stage; ema falls back to live"
     )
     shift: float = Field(1.0, gt=0, description="flow-matching sigma shift")
     transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
     lora: LoraConfig | None = None
+
+    @model_validator(mode="after")
+    def _fallback_needs_previous(self) -> ModelConfig:
+        if self.init != "previous" and self.fallback != "scratch":
+            raise ValueError("fallback applies only to init: previous; remove it or set init: previous")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unused_fallback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``fallback`` only with ``init: previous``, so other stages keep their params and fingerprints."""
+        data = handler(self)
+        if self.init != "previous":
+            data.pop("fallback", None)
+        return data
 
 
 class DataRef(StrictModel):
@@ -181,9 +209,37 @@ class EvaluateConfig(StrictModel):
     weights: Literal["ema", "live"] = Field("ema", description="ema falls back to live without EMA")
 
 
+class PromoteConfig(StrictModel):
+    """The promotion gate: an export replaces the promoted one unless a metric regresses beyond ``tolerance``."""
+
+    metrics: dict[str, Literal["higher", "lower"]] = Field(
+        min_length=1, description="evaluation metric -> which direction is better"
+    )
+    tolerance: float = Field(0.0, ge=0, description="allowed absolute regression of each metric")
+
+    @field_validator("metrics")
+    @classmethod
+    def _evaluated(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = [name for name in value if name not in EVAL_METRICS]
+        if unknown:
+            raise ValueError(
+                f"unknown metric {', '.join(map(repr, unknown))}; the evaluation reports: {', '.join(EVAL_METRICS)}"
+            )
+        return value
+
+
 class ExportConfig(StrictModel):
     from_stage: str = Field(alias="from")
     formats: list[Literal["diffusers"]] = Field(default_factory=lambda: ["diffusers"])
+    promote: PromoteConfig | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_promote(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``promote`` only when configured, so pipelines without a gate keep their params."""
+        data = handler(self)
+        if self.promote is None:
+            data.pop("promote", None)
+        return data
 
 
 class PipelineConfig(StrictModel):
@@ -207,6 +263,8 @@ class PipelineConfig(StrictModel):
                     errors.append((f"conditions.{name}.datasets.{i}", _unknown("dataset", ds, self.datasets)))
         earlier: list[str] = []
         for name, stage in self.stages.items():
+            if name in INIT_KEYWORDS:
+                errors.append((f"stages.{name}", f"{name!r} is reserved for model.init; rename the stage"))
             if stage.data is not None:
                 if stage.data.dataset not in self.datasets:
                     errors.append(
@@ -231,14 +289,7 @@ class PipelineConfig(StrictModel):
                             _unknown("conditions", stage.data.conditions, self.conditions),
                         )
                     )
-            init = stage.model.init
-            if init != "scratch" and init not in earlier:
-                errors.append(
-                    (
-                        f"stages.{name}.model.init",
-                        _unknown("earlier stage", init, ["scratch", *earlier]),
-                    )
-                )
+            errors += _init_problems(name, stage.model, earlier, gated=bool(self.export and self.export.promote))
             earlier.append(name)
         for i, stage_name in enumerate(self.evaluate.after):
             if stage_name not in self.stages:
@@ -258,9 +309,37 @@ class PipelineConfig(StrictModel):
             )
         if self.export is not None and self.export.from_stage not in self.stages:
             errors.append(("export.from", _unknown("stage", self.export.from_stage, self.stages)))
+        elif self.export is not None and self.export.promote and self.export.from_stage not in self.evaluate.after:
+            errors.append(
+                (
+                    "export.promote",
+                    f"compares evaluation metrics, but stage {self.export.from_stage!r} is not evaluated; "
+                    "add it to evaluate.after",
+                )
+            )
         if errors:
             raise ValueError("\n  ".join(f"{path}: {msg}" for path, msg in errors))
         return self
+
+
+def _init_problems(name: str, model: ModelConfig, earlier: list[str], *, gated: bool) -> list[tuple[str, str]]:
+    """What is wrong with where stage ``name`` starts from, given the stages defined before it."""
+    where = f"stages.{name}.model"
+    if model.init == "previous":
+        problems = []
+        if not gated:
+            problems.append(
+                (
+                    f"{where}.init",
+                    "'previous' starts from the export the promotion gate promoted; configure export.promote",
+                )
+            )
+        if model.fallback != "scratch" and model.fallback not in earlier:
+            problems.append((f"{where}.fallback", _unknown("earlier stage", model.fallback, ["scratch", *earlier])))
+        return problems
+    if model.init != "scratch" and model.init not in earlier:
+        return [(f"{where}.init", _unknown("earlier stage", model.init, [*INIT_KEYWORDS, *earlier]))]
+    return []
 
 
 def _unknown(kind: str, value: str, allowed: Any) -> str:
