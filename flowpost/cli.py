@@ -57,6 +57,8 @@ def run(
     smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="rerun nodes even when a result exists")] = False,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="continue killed stages")] = True,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="retries of a transiently failing node")] = 2,
+    retry_delay: Annotated[float, typer.Option("--retry-delay", min=0, help="seconds before the first retry")] = 10.0,
     num_machines: MachinesOpt = None,
     machine_rank: MachineRankOpt = None,
     main_process_ip: MainIpOpt = None,
@@ -73,7 +75,14 @@ def run(
     _quiet_prefect_defaults()
     from flowpost.flows.pipeline import pipeline_flow
 
-    results = pipeline_flow(pipeline_to_dict(config), str(workspace), refresh=refresh, resume=resume)
+    results = pipeline_flow(
+        pipeline_to_dict(config),
+        str(workspace),
+        refresh=refresh,
+        resume=resume,
+        retries=retries,
+        retry_delay_seconds=retry_delay,
+    )
     table = Table(title=f"pipeline {config.name} in {workspace}")
     for column in ("node", "status", "seconds", "folder"):
         table.add_column(column)
@@ -84,6 +93,21 @@ def run(
     metrics = workspace / "metrics.json"
     if metrics.exists():
         console.print(f"metrics: {metrics}\n{metrics.read_text()}")
+
+
+@app.command()
+def serve(
+    pipeline: PipelineArg = None,
+    cron: Annotated[str, typer.Option("--cron", help='schedule, e.g. "0 3 * * *" (03:00 daily)')] = "0 3 * * *",
+    workspace: WorkspaceOpt = Path("workspace"),
+    set_: SetOpt = None,
+    name: Annotated[str, typer.Option("--name", help="deployment name")] = "scheduled",
+) -> None:
+    """Serve the pipeline as a Prefect deployment that reruns it on a cron schedule (Ctrl-C stops)."""
+    _quiet_prefect_defaults()
+    from flowpost.flows.retrain import serve_pipeline
+
+    serve_pipeline(pipeline, list(set_ or []), workspace, cron=cron, name=name)
 
 
 @app.command()
@@ -284,6 +308,11 @@ def reward_server(
 def _print_event(event: dict) -> None:
     if event.get("event") == "start" and event.get("resumed_from"):
         typer.echo(f"resuming from {event['resumed_from']} (step {event['step']})")
+        if event.get("resumed_with_ranks_from"):
+            typer.echo(
+                f"warning: checkpointed with {event['resumed_with_ranks_from']} processes, resuming with "
+                f"{event['ranks']}: same global batches, not bit-identical to an uninterrupted run"
+            )
     elif event.get("event") in ("step", "checkpoint", "done"):
         typer.echo(f"{event['event']} {event.get('step', '')} {event.get('metrics', event.get('path', ''))}")
 

@@ -62,3 +62,37 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture
+def json_server():  # noqa: ANN201
+    """``with json_server(answer) as url:`` serves POSTs on localhost; ``answer(request) -> (status, body)``
+    maps each JSON request to an HTTP status and a JSON body."""
+    import json
+    import threading
+    from contextlib import contextmanager
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    @contextmanager
+    def serve(answer):  # noqa: ANN001, ANN202
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                status, body = answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/score"
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    return serve

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowpost.core.io import write_bytes_atomic
+from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.trainers.spec import PARENT_PID_ENV
-from flowpost.errors import FlowpostError
+from flowpost.errors import FlowpostError, TransientError
 
 NUM_MACHINES_ENV = "FLOWPOST_NUM_MACHINES"
 MACHINE_RANK_ENV = "FLOWPOST_MACHINE_RANK"
@@ -102,9 +102,20 @@ def rank_error(output_dir: str | Path, rank: int) -> Path:
 
 
 def record_rank_failure(output_dir: str | Path, rank: int, exc: BaseException) -> None:
-    """Leave the rank's error where the orchestrator looks for it."""
+    """Leave the rank's error where the orchestrator looks for it (JSON: message, transient)."""
     text = str(exc) if isinstance(exc, FlowpostError) else "".join(traceback.format_exception(exc))
-    write_bytes_atomic(rank_error(output_dir, rank), text.encode())
+    write_json_atomic(rank_error(output_dir, rank), {"message": text, "transient": isinstance(exc, TransientError)})
+
+
+def rank_failure(output_dir: str | Path, rank: int) -> FlowpostError:
+    """The error rank ``rank`` recorded, as ``TransientError`` when it may pass on retry."""
+    try:
+        recorded = read_json(rank_error(output_dir, rank), what="rank error")
+        message, transient = str(recorded["message"]), bool(recorded.get("transient"))
+    except (FlowpostError, KeyError, TypeError):
+        message, transient = "its error record is unreadable", False
+    last_line = message.strip().splitlines()[-1] if message.strip() else "no message"
+    return (TransientError if transient else FlowpostError)(last_line)
 
 
 def failed_ranks(output_dir: str | Path) -> list[int]:

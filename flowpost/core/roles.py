@@ -24,6 +24,7 @@ class Snapshots:
     @torch.no_grad()
     def capture(self, name: str, module: nn.Module) -> None:
         """Store the current trainable parameters of ``module`` under ``name``."""
+        _resharded(module)
         self._store[name] = {
             key: param.detach().to(torch.float32).clone()
             for key, param in module.named_parameters()
@@ -37,6 +38,7 @@ class Snapshots:
             self.capture(name, module)
             return
         snapshot = self._store[name]
+        _resharded(module)
         for key, param in module.named_parameters():
             if key in snapshot:
                 value = self._on_device(snapshot, key, param.device)
@@ -60,7 +62,7 @@ class Snapshots:
     def swapped_in(self, name: str, module: nn.Module) -> Iterator[nn.Module]:
         """Temporarily load snapshot ``name`` into ``module``; the live weights come back after."""
         snapshot = self._store[name]
-        params = dict(module.named_parameters())
+        params = dict(_resharded(module).named_parameters())
         live = {key: params[key].detach().clone() for key in snapshot}
         with torch.no_grad():
             for key in snapshot:
@@ -68,6 +70,15 @@ class Snapshots:
         try:
             yield module
         finally:
+            _resharded(module)  # drop weights gathered under the snapshot
             with torch.no_grad():
                 for key, value in live.items():
                     params[key].copy_(value)
+
+
+def _resharded(module: nn.Module) -> nn.Module:
+    """An FSDP2 root may keep its parameters gathered after a forward; shard them back (no-op otherwise)."""
+    reshard = getattr(module, "reshard", None)
+    if callable(reshard):
+        reshard()
+    return module

@@ -9,13 +9,14 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
+    create_table_artifact,
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
 from flowpost.core.config.loading import validate_pipeline
-from flowpost.errors import FlowpostError
+from flowpost.errors import FlowpostError, TransientError
 from flowpost.tasks.runner import NodeResult, PipelineRun
 
 HEAVY_KINDS = ("train", "eval")
@@ -64,12 +65,20 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
         if kind == "start":
             if event.get("resumed_from"):
                 logger.info("%s resumes from %s (step %d)", node_id, event["resumed_from"], event["step"])
+                if event.get("resumed_with_ranks_from"):
+                    logger.warning(
+                        "%s was checkpointed with %d processes and resumes with %d (not bit-identical)",
+                        node_id,
+                        event["resumed_with_ranks_from"],
+                        event["ranks"],
+                    )
             state["artifact"] = create_progress_artifact(
                 progress=100.0 * event["step"] / event["max_steps"],
                 key=f"progress-{_artifact_key(node_id)}",
                 description=f"{node_id}: optimizer steps",
             )
         elif kind == "step":
+            state.setdefault("rows", []).append({"step": event["step"], **event.get("metrics", {})})
             metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(event.get("metrics", {}).items()))
             bar = progress_bar(event["step"], event["max_steps"])
             logger.info("%s %s %d/%d %s", node_id, bar, event["step"], event["max_steps"], metrics)
@@ -83,23 +92,54 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
     except FlowpostError as exc:  # a user-fixable failure: report the message, not a traceback
         return Failed(message=str(exc), data=exc)
     logger.info("%s %s in %.1fs -> %s", node_id, result.status, result.seconds, result.path)
+    if state.get("rows"):
+        create_table_artifact(
+            table=metrics_table(state["rows"]),
+            key=f"metrics-{_artifact_key(node_id)}",
+            description=f"{node_id}: metrics per logged step",
+        )
     return result
+
+
+def metrics_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step rows with one column per metric seen (blank where a step did not log it), values rounded."""
+    columns = ["step", *sorted({key for row in rows for key in row} - {"step"})]
+    return [
+        {c: (round(row[c], 6) if isinstance(row.get(c), float) else row.get(c, "")) for c in columns} for row in rows
+    ]
+
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a node only when it failed with a ``TransientError`` (a reward server or source that did not answer)."""
+    return isinstance(state.result(raise_on_failure=False), TransientError)
 
 
 @flow(name="flowpost-pipeline", log_prints=True)
 def pipeline_flow(
-    pipeline: dict[str, Any], workspace: str, refresh: bool = False, resume: bool = True
+    pipeline: dict[str, Any],
+    workspace: str,
+    refresh: bool = False,
+    resume: bool = True,
+    retries: int = 2,
+    retry_delay_seconds: float = 10.0,
 ) -> list[NodeResult]:
     """Run every node of ``pipeline`` in ``workspace``; light nodes run concurrently, heavy ones in turn.
 
-    When a node fails, nodes downstream of it do not run and the flow fails with that node's message.
+    A node that fails transiently is retried ``retries`` times, waiting ``retry_delay_seconds``
+    doubled at each retry (a training node resumes from its checkpoints). When a node fails, nodes
+    downstream of it do not run and the flow fails with that node's message.
     """
     run = PipelineRun(validate_pipeline(pipeline), workspace)
     futures: dict[str, Any] = {}
     for node_id, waits in submission_plan(run.nodes).items():
         node = run.nodes[node_id]
         tags = ["flowpost", f"flowpost-{node.kind}"] + (["flowpost-heavy"] if node.kind in HEAVY_KINDS else [])
-        futures[node_id] = run_node.with_options(name=node_id, tags=tags).submit(
+        options = {
+            "retries": retries,
+            "retry_delay_seconds": [retry_delay_seconds * 2**k for k in range(retries)] if retries else 0,
+            "retry_condition_fn": retry_transient,
+        }
+        futures[node_id] = run_node.with_options(name=node_id, tags=tags, **options).submit(
             run, node_id, refresh, resume, wait_for=[futures[dep] for dep in waits]
         )
     for future in futures.values():

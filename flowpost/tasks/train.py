@@ -13,7 +13,7 @@ from typing import Any
 
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.events import read_events
-from flowpost.core.process_group import failed_ranks, rank_error, rank_log
+from flowpost.core.process_group import failed_ranks, rank_error, rank_failure, rank_log
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.errors import FlowpostError
 from flowpost.tasks.conditions import encoder_settings
@@ -105,9 +105,9 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
     _relay(events_path, seen, on_event)
     failed = failed_ranks(out) if process.returncode != 0 else []
     if failed:
-        rank, error = failed[0], rank_error(out, failed[0]).read_text(errors="replace").strip().splitlines()[-1]
+        rank, error = failed[0], rank_failure(out, failed[0])
         later = f" (then rank(s) {', '.join(map(str, failed[1:]))})" if failed[1:] else ""
-        raise FlowpostError(
+        raise type(error)(
             f"stage {spec.stage!r}: rank {rank} failed{later}: {error}; "
             f"last lines of its log:\n{_tail(rank_log(out, rank))}",
             where=str(rank_log(out, rank)),

@@ -27,6 +27,20 @@ def test_flow_runs_every_node_then_reuses_them(prefect_harness, tiny_pipeline, t
     assert metrics["sft"]["step"] == 3 and metrics["sft"]["n_samples"] == 20
     second = pipeline_flow(tiny_pipeline(), str(tmp_path))
     assert {r.status for r in second} == {"cached"}
+    table = _artifact("metrics-train-sft")
+    assert table.type == "table"
+    rows = json.loads(table.data)
+    assert [row["step"] for row in rows] == [1, 2, 3] and all(row["loss"] > 0 for row in rows)
+
+
+def _artifact(key: str):  # noqa: ANN202
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert found, f"no artifact {key}"
+    return found[-1]
 
 
 def test_a_failing_stage_fails_the_flow_naming_the_rank(prefect_harness, tiny_pipeline, tmp_path: Path) -> None:
@@ -37,3 +51,24 @@ def test_a_failing_stage_fails_the_flow_naming_the_rank(prefect_harness, tiny_pi
     with pytest.raises(FlowpostError, match="rank 0"):
         pipeline_flow(broken, str(tmp_path))
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_ddp_two_process_training_stage_runs_inside_the_flow(prefect_harness, tiny_pipeline, tmp_path: Path) -> None:
+    from flowpost.flows.pipeline import pipeline_flow
+
+    config = tiny_pipeline()
+    config["stages"]["sft"]["launch"] = {"num_processes": 2}
+    results = {r.node: r for r in pipeline_flow(config, str(tmp_path))}
+    stage_dir = results["train.sft"].path
+    assert sorted(p.name for p in (stage_dir / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
+    done = [json.loads(line) for line in (stage_dir / "events.jsonl").read_text().splitlines()][-1]
+    assert done["event"] == "done" and done["ranks"] == 2
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["sft"]["step"] == 3
+
+
+def test_metrics_table_has_one_column_per_metric_seen() -> None:
+    from flowpost.flows.pipeline import metrics_table
+
+    rows = metrics_table([{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25, "lr": 1e-4}])
+    assert rows == [{"step": 1, "loss": 0.5, "lr": ""}, {"step": 2, "loss": 0.25, "lr": 0.0001}]

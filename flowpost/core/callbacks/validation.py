@@ -42,15 +42,20 @@ class ValidationCallback(Callback):
 
     def on_step_end(self, trainer: BaseTrainer, metrics: dict[str, float]) -> None:
         step = trainer.progress.optimizer_step
-        if step % self.every == 0 and trainer.accelerator.is_main_process:
+        main = trainer.accelerator.is_main_process
+        if step % self.every != 0 or not (main or trainer.parallel.collective_passes):
+            return
+        if main:
             trainer.callbacks.on_validation_begin(trainer)
-            path = self.run(trainer, step)
+        images = self.generate(trainer)  # with sharded weights every rank takes part; rank 0 writes
+        if main:
+            path = self.save(images, step)
             trainer.callbacks.on_validation_end(trainer, {"grid": str(path), "step": step})
 
     @torch.no_grad()
-    def run(self, trainer: BaseTrainer, step: int) -> Path:
+    def generate(self, trainer: BaseTrainer) -> torch.Tensor:
         rows = [i for i in range(len(self.prompts)) for _ in range(self.samples_per_prompt)]
-        images = generate_images(
+        return generate_images(
             trainer.adapter,
             self.conditions.index(rows),
             self.negative,
@@ -60,6 +65,8 @@ class ValidationCallback(Callback):
             steps=self.steps,
             guidance=self.guidance,
         )
+
+    def save(self, images: torch.Tensor, step: int) -> Path:
         path = self.out_dir / f"step-{step:06d}.png"
         save_grid(images, path, nrow=self.samples_per_prompt)
         return path

@@ -130,8 +130,8 @@ class LaunchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _available(self) -> LaunchConfig:
-        if self.backend != "ddp" and self.num_processes > 1:
-            raise ValueError(f"backend {self.backend!r} is not available in this version; use backend: ddp")
+        if self.backend == "deepspeed-zero2" and self.num_processes > 1:
+            raise ValueError("backend 'deepspeed-zero2' is not available in this version; use ddp or fsdp2")
         if self.mixed_precision != "no":
             raise ValueError("mixed precision is not available in this version; set mixed_precision: 'no'")
         return self

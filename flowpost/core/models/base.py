@@ -104,6 +104,15 @@ class ModelAdapter(ABC):
     def module(self) -> torch.nn.Module:
         """The trainable network."""
 
+    def shard_units(self) -> list[torch.nn.Module]:
+        """The blocks FSDP2 shards one by one (diffusers' ``transformer_blocks`` and ``single_transformer_blocks``)."""
+        network = self.module()
+        return [
+            block
+            for name in ("transformer_blocks", "single_transformer_blocks")
+            for block in getattr(network, name, [])
+        ]
+
     def encode_conditions(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
         """Encode prompts with this family's encoder, by default at the length it was trained with."""
         from flowpost.core.models.text_encoders import build_encoder

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from flowpost.errors import FlowpostError
+from flowpost.errors import FlowpostError, TransientError
 
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG"}
 JPEG_QUALITY = 95
@@ -160,7 +160,7 @@ class RemoteReward:
             except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
                 reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
                 last_error = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
-        raise FlowpostError(
+        raise TransientError(
             f"reward server failed {self.retries + 1} attempts (1 + {self.retries} retries); last error: {last_error}",
             where=self.where,
         )

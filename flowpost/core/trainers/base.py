@@ -21,11 +21,12 @@ from flowpost.core.checkpoint import (
 )
 from flowpost.core.config.schema import SamplingConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
-from flowpost.core.distributed import average_gradients, broadcast_module, mean_over_ranks, replicas_agree
+from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.events import EventLog
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
+from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import TrainerArguments
@@ -102,8 +103,9 @@ class BaseTrainer(GenerationMixin, ABC):
             enabled=self.accelerator.is_main_process,
         )
         self._micro_index = 0
-        model = adapter.module().to(self.accelerator.device)
-        broadcast_module(model)  # replicas start equal whatever each rank's init did
+        backend = (spec.config.get("launch") or {}).get("backend", "ddp")
+        self.parallel = parallel_layout(backend, self.accelerator.num_processes)
+        model = self.parallel.prepare(adapter, self.accelerator.device)
         self.setup()
         model.train()
         self.trainable = [p for p in model.parameters() if p.requires_grad]
@@ -112,7 +114,7 @@ class BaseTrainer(GenerationMixin, ABC):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
-        self.model = model  # not wrapped: gradients are averaged explicitly (flowpost.core.distributed)
+        self.model = model  # never wrapped: the layout synchronises gradients (flowpost.core.parallel)
         self.optimizer = self.accelerator.prepare_optimizer(optimizer)
 
     # -- hooks -------------------------------------------------------------------------------
@@ -152,7 +154,14 @@ class BaseTrainer(GenerationMixin, ABC):
         resumed = self._resume() if self.spec.resume else None
         self.callbacks.on_train_start(self)
         budget = self.args.budget  # type: ignore[attr-defined]
-        self.events.emit("start", step=self.completed_units, max_steps=budget, resumed_from=resumed)
+        self.events.emit(
+            "start",
+            step=self.completed_units,
+            max_steps=budget,
+            resumed_from=resumed,
+            ranks=self.accelerator.num_processes,
+            **({"resumed_with_ranks_from": self._world_size_changed} if self._world_size_changed else {}),
+        )
         if self.execution_contract.acquisition is Acquisition.DATASET:
             self._run_dataset_epochs(budget)
         else:
@@ -160,7 +169,7 @@ class BaseTrainer(GenerationMixin, ABC):
         if self._saved_progress != self.progress:
             self.save_checkpoint()
         self.callbacks.on_train_end(self)
-        if not replicas_agree(self.model):
+        if not self.parallel.ranks_agree(self.model):
             raise FlowpostError(
                 f"stage {self.stage!r}: the {self.accelerator.num_processes} ranks ended with different weights",
                 where=str(self.output_dir),
@@ -228,7 +237,9 @@ class BaseTrainer(GenerationMixin, ABC):
     def step_optimizer(self, metrics: dict[str, float], *, micro_batches: int = 0) -> dict[str, float]:
         """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks."""
         metrics = dict(metrics)
-        average_gradients(self.trainable)
+        sync_seconds = self.parallel.sync_gradients(self.trainable)
+        if sync_seconds is not None:
+            metrics["grad_sync_seconds"] = sync_seconds
         metrics.update(self.callbacks.on_before_optimizer_step(self))
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
@@ -256,18 +267,25 @@ class BaseTrainer(GenerationMixin, ABC):
 
     # -- state ---------------------------------------------------------------------------------
     _saved_progress: TrainingProgress | None = None
+    _world_size_changed: int | None = None
     _unit_metrics: dict[str, float] = {}
     _feedback_metrics: dict[str, float] = {}
 
     def save_checkpoint(self) -> None:
-        state = TrainingState(
+        layout, snapshots = self.parallel, self.adapter.snapshots
+        state = TrainingState(  # every rank builds it: gathering sharded weights is collective
             step=self.progress.optimizer_step,
-            model=self.accelerator.unwrap_model(self.model).state_dict(),
-            optimizer=self.optimizer.state_dict(),
+            model=layout.model_state(self.model),
+            optimizer=layout.optimizer_state(self.model, self.optimizer.optimizer),
             scheduler=self.scheduler.state_dict(),
-            snapshots={n: self.adapter.snapshots.state_dict(n) for n in self.adapter.snapshots.names()},
+            snapshots={n: layout.snapshot_state(snapshots.state_dict(n)) for n in snapshots.names()},
             rng={"torch": torch.get_rng_state()},
-            trainer={"progress": self.progress.to_dict(), "callbacks": self.callbacks.state_dict()},
+            trainer={
+                "progress": self.progress.to_dict(),
+                "callbacks": self.callbacks.state_dict(),
+                "world_size": self.accelerator.num_processes,
+                "layout": layout.name,
+            },
         )
         if self.accelerator.is_main_process:
             path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.args.keep_last)
@@ -280,31 +298,45 @@ class BaseTrainer(GenerationMixin, ABC):
         if path is None:
             return None
         state = load_checkpoint(path, verified=True)
-        self.accelerator.unwrap_model(self.model).load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
+        layout = self.parallel
+        saved_layout = state.trainer.get("layout", "replicated")
+        if saved_layout != layout.name:
+            raise FlowpostError(
+                f"checkpoint {path} holds {saved_layout} training state, this run is {layout.name} "
+                "(launch.backend); resume with the backend that wrote it, or start over with --no-resume",
+                where=f"stages.{self.stage}.launch.backend",
+            )
+        layout.load_model_state(self.model, state.model)
+        layout.load_optimizer_state(self.model, self.optimizer.optimizer, state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
         for name, tensors in state.snapshots.items():
-            self.adapter.snapshots.load_state_dict(name, tensors)
+            self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, self.model))
         torch.set_rng_state(state.rng["torch"])
         self.progress = TrainingProgress.from_dict(state.trainer["progress"])
         self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
         self._saved_progress = self.progress
         log.info("resumed stage %s from %s (step %d)", self.stage, path, state.step)
+        saved_world = int(state.trainer.get("world_size", 1))
+        if saved_world != self.accelerator.num_processes:
+            self._world_size_changed = saved_world
+            log.warning(
+                "stage %s was checkpointed with %d processes and resumes with %d: the run continues with the "
+                "same global batches, but its numbers are no longer bit-identical to an uninterrupted run",
+                self.stage,
+                saved_world,
+                self.accelerator.num_processes,
+            )
         return str(path)
 
     def save_final_weights(self) -> None:
         """``final/live`` always, ``final/<snapshot>`` for every snapshot (e.g. ``ema``), progress."""
-        if not self.accelerator.is_main_process:
-            return
-        with atomic_directory(self.output_dir / "final" / "live") as tmp:
-            self.adapter.save_pretrained(tmp)
-        for name in self.adapter.snapshots.names():
-            with (
-                self.adapter.use_snapshot(name),
-                atomic_directory(self.output_dir / "final" / name) as tmp,
-            ):
-                self.adapter.save_pretrained(tmp)
-        write_json_atomic(self.output_dir / "final" / "progress.json", self.progress.to_dict())
+        for name in [None, *self.adapter.snapshots.names()]:
+            with self.parallel.whole_weights(self.adapter, name) as whole:
+                if whole is not None:
+                    with atomic_directory(self.output_dir / "final" / (name or "live")) as tmp:
+                        whole.save_pretrained(tmp)
+        if self.accelerator.is_main_process:
+            write_json_atomic(self.output_dir / "final" / "progress.json", self.progress.to_dict())
 
     def _seed_everything(self) -> None:
         seed = self.spec.seed

@@ -39,6 +39,7 @@ class GenerationMixin:
 
     accelerator: Any
     adapter: ModelAdapter
+    parallel: Any
     args: Any
     inputs: StageInputs
     paradigm: Paradigm
@@ -132,7 +133,9 @@ class GenerationMixin:
 
         The shuffle is over the global rows (rank ``r`` owns ``[r * size, (r + 1) * size)``) and a
         micro-batch is ``train_batch_size`` global rows, so its composition does not depend on the
-        world size; each rank trains on the rows it owns, weighted by ``MicroBatch.share``.
+        world size; each rank trains on the rows it owns, weighted by ``MicroBatch.share``. A rank
+        owning none of a micro-batch's rows skips it, except under a sharded layout, where it runs
+        row 0 with share 0 (every rank must take part in every forward and backward).
         """
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         generator = addressed_generator(self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle")
@@ -142,7 +145,10 @@ class GenerationMixin:
         for start in range(0, len(order), width):
             chunk = order[start : start + width]
             rows = [g - rank * size for g in chunk if rank * size <= g < (rank + 1) * size]
-            batches.append(MicroBatch(rows, len(rows) * world / len(chunk)))
+            if not rows and self.parallel.collective_passes:
+                batches.append(MicroBatch([0], 0.0))  # a weightless pass: sharded ranks gather weights together
+            else:
+                batches.append(MicroBatch(rows, len(rows) * world / len(chunk)))
         return batches
 
     def train_on_rollout(self, samples: Rollout, loss: Callable[[Rollout, float], dict[str, float]]) -> None:

@@ -206,7 +206,7 @@ def test_stage_init_may_name_only_earlier_stage(tmp_path: Path) -> None:
     [
         ("stages.sft.launch.num_processes=3", "stages.sft.train.batch_size"),
         ("stages.grpo.launch.num_processes=3", "stages.grpo.train.rollout_batch_size"),
-        ("stages.sft.launch.backend=fsdp2", "stages.sft.launch"),
+        ("stages.sft.launch.backend=deepspeed-zero2", "stages.sft.launch"),
         ("stages.sft.model.family=nope", "stages.sft.model.family"),
         ("evaluate.samples=1", "evaluate.samples"),
         ("datasets.digits.image_size=10", "datasets.digits.image_size"),

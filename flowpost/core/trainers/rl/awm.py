@@ -162,6 +162,8 @@ class AWMTrainer(BaseTrainer):
                 sigma = sigmas[:, k]
                 velocity = self.adapter.velocity(noised(x0, noise, sigma), sigma, state)
                 log_probs.append(self._log_prob(velocity, noise, x0, sigma))
+            if micro.share == 0:
+                continue  # a weightless pass of a sharded rank: its row is scored in its own micro-batch
             for index, row in zip(batch.indices.tolist(), torch.stack(log_probs, 1), strict=True):
                 values[index] = row
         return values
