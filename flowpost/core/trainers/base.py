@@ -13,18 +13,10 @@ import numpy as np
 import torch
 
 from flowpost.core.callbacks.base import Callback, CallbackList
-from flowpost.core.checkpoint import (
-    TrainingState,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
 from flowpost.core.config.schema import SamplingConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.events import EventLog
-from flowpost.core.io import atomic_directory, write_json_atomic
-from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
@@ -32,15 +24,15 @@ from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.generation import GenerationMixin
 from flowpost.core.trainers.inputs import BatchLoader, StageInputs
+from flowpost.core.trainers.persistence import PersistenceMixin
 from flowpost.core.trainers.registry import check_contracts
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
 
-log = get_logger(__name__)
 _HOOKS = ("sample", "optimize", "optimize_batch")
 
 
-class BaseTrainer(GenerationMixin, ABC):
+class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
     """Owns seeding, resume, the acquisition loop, the optimizer, cadences and callbacks.
 
     A concrete trainer declares ``execution_contract`` and ``paradigm`` (equal to its arguments
@@ -266,77 +258,8 @@ class BaseTrainer(GenerationMixin, ABC):
         return list(range(base, base + local_batch_size))
 
     # -- state ---------------------------------------------------------------------------------
-    _saved_progress: TrainingProgress | None = None
-    _world_size_changed: int | None = None
     _unit_metrics: dict[str, float] = {}
     _feedback_metrics: dict[str, float] = {}
-
-    def save_checkpoint(self) -> None:
-        layout, snapshots = self.parallel, self.adapter.snapshots
-        state = TrainingState(  # every rank builds it: gathering sharded weights is collective
-            step=self.progress.optimizer_step,
-            model=layout.model_state(self.model),
-            optimizer=layout.optimizer_state(self.model, self.optimizer.optimizer),
-            scheduler=self.scheduler.state_dict(),
-            snapshots={n: layout.snapshot_state(snapshots.state_dict(n)) for n in snapshots.names()},
-            rng={"torch": torch.get_rng_state()},
-            trainer={
-                "progress": self.progress.to_dict(),
-                "callbacks": self.callbacks.state_dict(),
-                "world_size": self.accelerator.num_processes,
-                "layout": layout.name,
-            },
-        )
-        if self.accelerator.is_main_process:
-            path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.args.keep_last)
-            self.events.emit("checkpoint", step=state.step, path=str(path))
-        self.accelerator.wait_for_everyone()
-        self._saved_progress = self.progress
-
-    def _resume(self) -> str | None:
-        path = latest_checkpoint(self.output_dir / "checkpoints")
-        if path is None:
-            return None
-        state = load_checkpoint(path, verified=True)
-        layout = self.parallel
-        saved_layout = state.trainer.get("layout", "replicated")
-        if saved_layout != layout.name:
-            raise FlowpostError(
-                f"checkpoint {path} holds {saved_layout} training state, this run is {layout.name} "
-                "(launch.backend); resume with the backend that wrote it, or start over with --no-resume",
-                where=f"stages.{self.stage}.launch.backend",
-            )
-        layout.load_model_state(self.model, state.model)
-        layout.load_optimizer_state(self.model, self.optimizer.optimizer, state.optimizer)
-        self.scheduler.load_state_dict(state.scheduler)
-        for name, tensors in state.snapshots.items():
-            self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, self.model))
-        torch.set_rng_state(state.rng["torch"])
-        self.progress = TrainingProgress.from_dict(state.trainer["progress"])
-        self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
-        self._saved_progress = self.progress
-        log.info("resumed stage %s from %s (step %d)", self.stage, path, state.step)
-        saved_world = int(state.trainer.get("world_size", 1))
-        if saved_world != self.accelerator.num_processes:
-            self._world_size_changed = saved_world
-            log.warning(
-                "stage %s was checkpointed with %d processes and resumes with %d: the run continues with the "
-                "same global batches, but its numbers are no longer bit-identical to an uninterrupted run",
-                self.stage,
-                saved_world,
-                self.accelerator.num_processes,
-            )
-        return str(path)
-
-    def save_final_weights(self) -> None:
-        """``final/live`` always, ``final/<snapshot>`` for every snapshot (e.g. ``ema``), progress."""
-        for name in [None, *self.adapter.snapshots.names()]:
-            with self.parallel.whole_weights(self.adapter, name) as whole:
-                if whole is not None:
-                    with atomic_directory(self.output_dir / "final" / (name or "live")) as tmp:
-                        whole.save_pretrained(tmp)
-        if self.accelerator.is_main_process:
-            write_json_atomic(self.output_dir / "final" / "progress.json", self.progress.to_dict())
 
     def _seed_everything(self) -> None:
         seed = self.spec.seed
