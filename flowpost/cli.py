@@ -276,6 +276,10 @@ def reward_server(
     token_env: Annotated[
         str | None, typer.Option("--token-env", help="environment variable holding a bearer token to require")
     ] = None,
+    version: Annotated[
+        str | None,
+        typer.Option("--version", help="model version GET /health reports (default: hash of name and options)"),
+    ] = None,
 ) -> None:
     """Serve a registered reward over HTTP (POST /score, GET /health) until Ctrl-C."""
     import yaml
@@ -295,8 +299,12 @@ def reward_server(
         token = os.environ.get(token_env)
         if not token:
             raise FlowpostError(f"environment variable {token_env} (--token-env) is not set", where=where)
-    server = serve_reward(build_reward(name, options=options, where=where), host=host, port=port, token=token)
-    typer.echo(f"serving reward {name!r} at {server.url} (health: GET /health); Ctrl-C stops")
+    from flowpost.core.io import sha256_json
+
+    version = version or sha256_json({"reward": name, "options": options})[:12]
+    reward = build_reward(name, options=options, where=where)
+    server = serve_reward(reward, host=host, port=port, token=token, version=version)
+    typer.echo(f"serving reward {name!r} version {version} at {server.url} (health: GET /health); Ctrl-C stops")
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -46,7 +46,12 @@ def _why_stale(run: PipelineRun, node_id: str) -> str:
     now = run.inputs[node_id]
     reasons = [f"{dep} changed" for dep, value in now["deps"].items() if before.get("deps", {}).get(dep) != value]
     sources = now.get("sources", {})
-    reasons += [f"{name} changed" for name, value in sources.items() if before.get("sources", {}).get(name) != value]
+    earlier = before.get("sources", {})
+    reasons += [
+        f"{name} changed ({str(earlier.get(name))[:12]} -> {str(value)[:12]})"
+        for name, value in sources.items()
+        if earlier.get(name) != value
+    ]
     changes = _differences(before.get("config", {}), now["config"])
     if changes:
         shown = changes[:MAX_CHANGES] + ([f"{len(changes) - MAX_CHANGES} more"] if len(changes) > MAX_CHANGES else [])

@@ -68,13 +68,15 @@ class PipelineRun:
         self.fingerprints = {node: sha256_json(inputs) for node, inputs in self.inputs.items()}
 
     def _sources(self, node: Node, deps: dict[str, str]) -> dict[str, str]:
-        """The promoted export a node's result depends on: the one the gate compares with, or the one
-        an ``init: previous`` stage starts from."""
-        if not reads_promoted(node):
-            return {}
+        """State outside the config a node's result depends on: the versions its remote reward servers
+        report, and the promoted export (the one the gate compares with, or the one an
+        ``init: previous`` stage starts from)."""
+        found = served_reward_versions(self.pipeline, node.key) if node.kind == "train" else {}
         if node.kind == "promote":
-            return {PROMOTED: judged_against(self.promoted, deps["export"])}
-        return {PROMOTED: promoted_fingerprint(self.promoted)}
+            found[PROMOTED] = judged_against(self.promoted, deps["export"])
+        elif reads_promoted(node):
+            found[PROMOTED] = promoted_fingerprint(self.promoted)
+        return found
 
     def node(self, node_id: str) -> Node:
         if node_id not in self.nodes:
@@ -236,3 +238,23 @@ def _recorded_fingerprint(manifest: Path) -> str | None:
         return read_json(manifest, what="node manifest").get("fingerprint")
     except FlowpostError:
         return None
+
+
+def served_reward_versions(pipeline: PipelineConfig, stage: str) -> dict[str, str]:
+    """``rewards.N`` -> the model version each unpinned remote reward of ``stage`` serves (asked once)."""
+    from flowpost.core.rewards.remote import RemoteReward
+
+    versions = {}
+    for index, reward in enumerate(pipeline.stages[stage].rewards):
+        if reward.name != "remote":
+            continue
+        where = f"stages.{stage}.rewards.{index}"
+        try:
+            versions[f"rewards.{index}"] = RemoteReward(**reward.options).served_version()
+        except FlowpostError as exc:
+            raise FlowpostError(
+                f"cannot read the reward server's model version ({exc}); start the server, or pin it "
+                f"with {where}.options.version",
+                where=where,
+            ) from None
+    return versions

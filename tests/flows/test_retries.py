@@ -30,7 +30,7 @@ def _with_remote_grpo(config: dict[str, Any], url: str) -> dict[str, Any]:
         "model": {"family": "tiny-sd3", "init": "sft"},
         "data": {"dataset": "digits", "conditions": "minilm"},
         "sampling": {"steps": 3},
-        "rewards": [{"name": "remote", "options": {"url": url, "retries": 0}}],
+        "rewards": [{"name": "remote", "options": {"url": url, "retries": 0, "version": "v1"}}],
         "train": {
             "lr": 1e-4,
             "iterations": 2,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -73,7 +74,7 @@ def test_dvc_repro_twice_exp_run_and_push_pull(tmp_path: Path, tiny_pipeline) ->
     _sh(["git", "config", "user.name", "ci"], repo)
     _sh([*dvc, "init", "-q"], repo)
     _sh([*dvc, "config", "core.analytics", "false"], repo)
-    (repo / "pipeline.yaml").write_text(yaml.safe_dump(tiny_pipeline(), sort_keys=False))
+    (repo / "pipeline.yaml").write_text(yaml.safe_dump({**tiny_pipeline(), "smoke": False}, sort_keys=False))
     _sh([sys.executable, "-m", "flowpost.cli", "dvc", "sync", "pipeline.yaml"], repo)
 
     first = _sh([*dvc, "repro"], repo)
@@ -90,6 +91,13 @@ def test_dvc_repro_twice_exp_run_and_push_pull(tmp_path: Path, tiny_pipeline) ->
     ran = {line.split("'")[1] for line in changed.stdout.splitlines() if line.startswith("Running stage")}
     assert ran == {"train.sft", "eval.sft", "export", "report"}
     assert yaml.safe_load((repo / "params.yaml").read_text())["stages"]["sft"]["train"]["lr"] == 0.0005
+    metrics = repo / "workspace" / "metrics.json"
+    assert json.loads(metrics.read_text())["sft"]["smoke"] is False
+
+    smoke = _sh([*dvc, "exp", "run", "-S", "smoke=true"], repo)  # the wiring check: every node reruns
+    ran = {line.split("'")[1] for line in smoke.stdout.splitlines() if line.startswith("Running stage")}
+    assert {"acquire.digits", "conditions.minilm", "train.sft", "report"} <= ran
+    assert json.loads(metrics.read_text())["sft"]["smoke"] is True
 
     export = repo / "workspace" / "stages" / "sft" / "export"
     before = _digests(export)

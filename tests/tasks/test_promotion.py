@@ -234,7 +234,7 @@ def test_a_worse_export_is_kept_out_and_the_reason_names_the_metric(workspace: P
     run = PipelineRun(validate_pipeline(_gated(tiny_pipeline)), workspace)
     planned = {row.node: row for row in plan_run(run)}
     assert [node for node, row in planned.items() if row.status == "run"] == ["promote", "report"]
-    assert planned["promote"].reason == "promoted export changed"
+    assert planned["promote"].reason.startswith("promoted export changed (")
 
     statuses = _run_all(run)
     assert [node for node, status in statuses.items() if status == "ran"] == ["promote", "report"]
@@ -271,7 +271,7 @@ def test_init_previous_starts_from_the_promoted_export_and_falls_back_without_on
     moved = PipelineRun(config, workspace)
     assert moved.fingerprints["train.tune"] != run.fingerprints["train.tune"]
     assert moved.fingerprints["train.sft"] == run.fingerprints["train.sft"]
-    assert {row.node: row.reason for row in plan_run(moved)}["train.tune"] == "promoted export changed"
+    assert {row.node: row.reason for row in plan_run(moved)}["train.tune"].startswith("promoted export changed (")
 
     (workspace / "promoted.json").unlink()
     none = PipelineRun(config, workspace)

@@ -65,7 +65,8 @@ class RemoteReward:
     Connection errors, timeouts and HTTP 5xx are retried ``retries`` times, sleeping
     ``backoff * 2**attempt`` seconds before each retry; 4xx answers are not retried. With
     ``token_env``, the environment variable of that name holds a bearer token, sent as
-    ``Authorization: Bearer ...``; the token never appears in configs, logs or errors.
+    ``Authorization: Bearer ...``; the token never appears in configs, logs or errors. Pipelines
+    fingerprint the model version the server's ``GET /health`` reports, unless ``version`` pins it.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class RemoteReward:
         backoff: float = 0.5,
         token_env: str | None = None,
         image_format: str = "png",
+        version: str | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -106,6 +108,7 @@ class RemoteReward:
         self.backoff = float(backoff)
         self.token_env = token_env
         self.image_format = image_format
+        self.version = version
         self._token()  # fail at construction, not at the first batch
 
     def _token(self) -> str | None:
@@ -134,10 +137,21 @@ class RemoteReward:
             ).encode()
         except (TypeError, ValueError) as exc:
             raise FlowpostError(f"prompts and metadata must be JSON serialisable ({exc})", where=self.where) from None
-        scores = self._parse(self._post(body), batch)
+        scores = self._parse(self._send(self.url, body), batch)
         return torch.tensor(scores, dtype=torch.float32, device=media.device)
 
-    def _post(self, body: bytes) -> bytes:
+    def served_version(self) -> str:
+        """The pinned ``version``, else the model version the server's ``GET /health`` reports."""
+        if self.version is not None:
+            return self.version
+        parts = urlsplit(self.url)
+        health = urlunsplit((parts.scheme, parts.netloc, parts.path.rsplit("/", 1)[0] + "/health", "", ""))
+        answer = self._json(self._send(health, None))
+        version = answer.get("version") if isinstance(answer, dict) else None
+        return str(version) if version is not None else "unversioned"
+
+    def _send(self, url: str, body: bytes | None) -> bytes:
+        """POST ``body`` (GET when None) with retries; the raw answer."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         token = self._token()
         if token is not None:
@@ -146,7 +160,8 @@ class RemoteReward:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+            method = "GET" if body is None else "POST"
+            request = urllib.request.Request(url, data=body, headers=headers, method=method)
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     return response.read()
@@ -165,12 +180,15 @@ class RemoteReward:
             where=self.where,
         )
 
-    def _parse(self, raw: bytes, batch: int) -> list[float]:
+    def _json(self, raw: bytes) -> Any:
         try:
-            answer = json.loads(raw)
+            return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
             excerpt = raw[:200].decode("utf-8", "replace")
             raise FlowpostError(f"reward server answered non-JSON: {excerpt!r}", where=self.where) from None
+
+    def _parse(self, raw: bytes, batch: int) -> list[float]:
+        answer = self._json(raw)
         if not isinstance(answer, dict) or "scores" not in answer:
             raise FlowpostError(f'reward server answer has no "scores": {json.dumps(answer)[:200]}', where=self.where)
         scores = answer["scores"]

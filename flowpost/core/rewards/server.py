@@ -2,7 +2,8 @@
 
 ``POST /score`` takes ``{"prompts": [str], "metadata": [object], "images": [base64 image]}`` (one
 entry per sample; PNG or JPEG, all the same size, grayscale or RGB) and answers
-``{"scores": [float]}``. ``GET /health`` answers ``{"ok": true, "reward": NAME}`` without a token.
+``{"scores": [float]}``. ``GET /health`` answers ``{"ok": true, "reward": NAME, "version": VERSION}``
+without a token; clients fingerprint the version, so changing it reruns what the reward trained.
 Errors are JSON ``{"error": MESSAGE}``: 400 for bad requests, 401 for a missing or wrong token.
 """
 
@@ -36,10 +37,11 @@ class BadRequest(Exception):
 class RewardServer(ThreadingHTTPServer):
     """A threading HTTP server holding one reward; scoring calls are serialised by a lock."""
 
-    def __init__(self, address: tuple[str, int], reward: Reward, token: str | None) -> None:
+    def __init__(self, address: tuple[str, int], reward: Reward, token: str | None, version: str) -> None:
         super().__init__(address, RewardHandler)
         self.reward = reward
         self.token = token
+        self.version = version
         self.score_lock = threading.Lock()
 
     @property
@@ -96,7 +98,7 @@ class RewardHandler(BaseHTTPRequestHandler):
         if self.path != "/health":
             self._answer(404, {"error": f"no such endpoint: GET {self.path}"})
             return
-        self._answer(200, {"ok": True, "reward": self.server.reward.name})
+        self._answer(200, {"ok": True, "reward": self.server.reward.name, "version": self.server.version})
 
     def do_POST(self) -> None:
         try:
@@ -151,12 +153,15 @@ class RewardHandler(BaseHTTPRequestHandler):
         logger.info("%s %s", self.address_string(), format % args)
 
 
-def serve_reward(reward: Reward, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> RewardServer:
+def serve_reward(
+    reward: Reward, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None, version: str | None = None
+) -> RewardServer:
     """A bound server for ``reward`` (port 0: any free port); run ``serve_forever()`` to answer requests.
 
-    With ``token``, ``POST /score`` requires ``Authorization: Bearer <token>``.
+    With ``token``, ``POST /score`` requires ``Authorization: Bearer <token>``. ``version`` (default:
+    the reward's name) is what ``GET /health`` reports as the model version.
     """
     try:
-        return RewardServer((host, port), reward, token)
+        return RewardServer((host, port), reward, token, version or reward.name)
     except OSError as exc:
         raise FlowpostError(f"cannot listen on {host}:{port} ({exc})", where="reward server") from None

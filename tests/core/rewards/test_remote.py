@@ -114,7 +114,7 @@ def test_health_and_bad_requests_answer_json() -> None:
     with running(serve_reward(Echo(), token=TOKEN)) as server:
         base = server.url.removesuffix("/score")
         with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
-            assert json.load(response) == {"ok": True, "reward": "echo"}
+            assert json.load(response) == {"ok": True, "reward": "echo", "version": "echo"}  # default: the name
         auth = {"Authorization": f"Bearer {TOKEN}"}
         for body, status, match in [
             (b"not json", 400, "not JSON"),
@@ -265,7 +265,7 @@ def test_cli_options_are_parsed_as_yaml(monkeypatch: pytest.MonkeyPatch) -> None
 def test_cli_reward_server_serves_until_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     port = _free_port()
     env = {**os.environ, "FLOWPOST_TEST_TOKEN": TOKEN}
-    command = [sys.executable, "-m", "flowpost.cli", "reward-server", "jpeg_incompressibility"]
+    command = [sys.executable, "-m", "flowpost.cli", "reward-server", "jpeg_incompressibility", "--version", "v3"]
     process = subprocess.Popen(
         [*command, "--port", str(port), "--token-env", "FLOWPOST_TEST_TOKEN"],
         env=env,
@@ -278,7 +278,7 @@ def test_cli_reward_server_serves_until_stopped(monkeypatch: pytest.MonkeyPatch)
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
-                    assert json.load(response) == {"ok": True, "reward": "jpeg_incompressibility"}
+                    assert json.load(response) == {"ok": True, "reward": "jpeg_incompressibility", "version": "v3"}
                 break
             except (urllib.error.URLError, ConnectionError):
                 assert process.poll() is None, process.communicate()
