@@ -113,6 +113,13 @@ def _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train,
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), key
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["grpo-guard", "dppo", "nft", "awm", "online-dpo"])
+def test_ddp_every_online_trainer_matches_one_process(tmp_path, data_dirs, fresh_weights, trainer) -> None:
+    stage = {"sampling": {"steps": 4}, "rewards": [{"name": "jpeg_incompressibility"}]}
+    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, GRPO, stage, backend="ddp")
+
+
 def scores_refusing_group(group: int):  # noqa: ANN201
     """Scores every sample by its prompt length, but answers 400 for batches holding ``group``."""
 
