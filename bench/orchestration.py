@@ -1,24 +1,27 @@
 """What Prefect costs: a pipeline run as a flow against the same nodes run directly.
 
-    python bench/orchestration.py [--workspace bench-ws] [--sft-steps 100] [--grpo-iterations 5]
+    python bench/orchestration.py [--workspace bench-ws] [--sft-steps 100] [--grpo-iterations 5] [--repeats 1]
 
-Runs the default pipeline (budgets cut as given, 100 eval samples) twice in fresh workspaces, each
-in its own process: once with ``flowpost run`` (a temporary Prefect server, one task per node, logs
-and artifacts) and once node by node through the same runner without Prefect. Reports the fixed
-overhead of a flow run (wall time outside the nodes, minus the same for the direct run: server
-start, flow and task bookkeeping) and each node's overhead (its seconds in the flow against its
-seconds run directly). Goals: fixed <= 20 s, <= 2 % per training stage. Writes
-``WORKSPACE/orchestration.json``. Run it on an otherwise idle machine.
+Runs the default pipeline (budgets cut as given, 100 eval samples) in fresh workspaces, each in
+its own process, ``--repeats`` times alternating (the machine's speed drifts): once node by node
+through the runner without Prefect, once with ``flowpost run`` (a temporary Prefect server, one
+task per node, logs and artifacts). Reports the fixed overhead of a flow run (wall time outside
+the nodes, minus the same for the direct run: server start, flow and task bookkeeping) and each
+node's overhead (its seconds in the flow against its seconds run directly), as means over pairs.
+Goals: fixed <= 20 s, <= 2 % per training stage. Writes ``WORKSPACE/orchestration.json``. Run it
+on an otherwise idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from flowpost.core.io import read_json, write_json_atomic
 
@@ -58,35 +61,49 @@ def node_seconds(workspace: Path) -> dict[str, float]:
     return seconds
 
 
+def run_once(root: Path, mode: str, sets: list[str], repeat: int) -> dict[str, Any]:
+    """One run in a fresh workspace: wall seconds, per-node seconds, seconds outside the nodes."""
+    workspace = root / f"{mode}-{repeat}"
+    shutil.rmtree(workspace, ignore_errors=True)
+    workspace.mkdir(parents=True)
+    if mode == "direct":
+        command = [sys.executable, "-c", DIRECT, str(workspace), *sets]
+    else:
+        flags = [flag for value in sets for flag in ("--set", value)]
+        command = [sys.executable, "-m", "flowpost.cli", "run", "--workspace", str(workspace), *flags]
+    wall = timed(command, root / f"{mode}-{repeat}.log")
+    nodes = node_seconds(workspace)
+    return {"wall": wall, "nodes": nodes, "outside_nodes": wall - sum(nodes.values())}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
     parser.add_argument("--sft-steps", type=int, default=100)
     parser.add_argument("--grpo-iterations", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1, help="direct/flow pairs, interleaved (machine drift)")
     args = parser.parse_args(argv)
     root = args.workspace / "orchestration"
     sets = overrides(args.sft_steps, args.grpo_iterations)
-    runs = {}
-    for mode in ("direct", "flow"):
-        workspace = root / mode
-        shutil.rmtree(workspace, ignore_errors=True)
-        workspace.mkdir(parents=True)
-        if mode == "direct":
-            command = [sys.executable, "-c", DIRECT, str(workspace), *sets]
-        else:
-            flags = [flag for value in sets for flag in ("--set", value)]
-            command = [sys.executable, "-m", "flowpost.cli", "run", "--workspace", str(workspace), *flags]
-        wall = timed(command, root / f"{mode}.log")
-        nodes = node_seconds(workspace)
-        runs[mode] = {"wall": wall, "nodes": nodes, "outside_nodes": wall - sum(nodes.values())}
-    fixed = runs["flow"]["outside_nodes"] - runs["direct"]["outside_nodes"]
-    print(f"flow run {runs['flow']['wall']:.1f} s, direct {runs['direct']['wall']:.1f} s")
+    runs: dict[str, list[dict[str, Any]]] = {"direct": [], "flow": []}
+    for repeat in range(args.repeats):
+        for mode in ("direct", "flow"):
+            runs[mode].append(run_once(root, mode, sets, repeat))
+    fixed = statistics.mean(
+        f["outside_nodes"] - d["outside_nodes"] for d, f in zip(runs["direct"], runs["flow"], strict=True)
+    )
+    walls = {mode: statistics.mean(r["wall"] for r in rs) for mode, rs in runs.items()}
+    print(f"{args.repeats} interleaved pair(s): flow run {walls['flow']:.1f} s, direct {walls['direct']:.1f} s (means)")
     print(f"fixed overhead of a flow run: {fixed:.1f} s (goal <= 20 s)\n")
-    print("node                 direct s   flow s   overhead")
+    print("node                 direct s   flow s   overhead (mean of pairs)")
     per_node = {}
-    for node, direct in runs["direct"]["nodes"].items():
-        flow = runs["flow"]["nodes"].get(node, float("nan"))
-        per_node[node] = (flow - direct) / direct if direct > 0 else float("nan")
+    for node in runs["direct"][0]["nodes"]:
+        pairs = [
+            (d["nodes"][node], f["nodes"].get(node, float("nan")))
+            for d, f in zip(runs["direct"], runs["flow"], strict=True)
+        ]
+        per_node[node] = statistics.mean((f - d) / d if d > 0 else float("nan") for d, f in pairs)
+        direct, flow = statistics.mean(d for d, _ in pairs), statistics.mean(f for _, f in pairs)
         print(f"{node:<20} {direct:>8.1f} {flow:>8.1f} {100 * per_node[node]:>9.1f} %")
     write_json_atomic(args.workspace / "orchestration.json", {"runs": runs, "fixed": fixed, "per_node": per_node})
     print(f"\nwrote {args.workspace / 'orchestration.json'}")
