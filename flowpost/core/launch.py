@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m flowpost.core.launch STAGE.json", file=sys.stderr)
         return 2
     spec = StageSpec.read(argv[0])
-    num_processes = int((spec.config.get("launch") or {}).get("num_processes", 1))
+    num_processes = spec.num_processes
     started_by_torchrun = "RANK" in os.environ
     if num_processes > 1 and not started_by_torchrun:
         return launch_ranks(argv[0], num_processes)

@@ -68,7 +68,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
     attempt_start = seen = len(read_events(events_path))  # earlier attempts' events stay before this
     for stale in failed_ranks(out):
         rank_error(out, stale).unlink()
-    multi = int((spec.config.get("launch") or {}).get("num_processes", 1)) > 1
+    multi = spec.num_processes > 1
     log_path = out / "logs" / "launcher.log" if multi else rank_log(out, 0)
     # No preexec_fn: forking with one is unsafe in a threaded parent (Prefect runs tasks in
     # threads). The stage process ties its life to ours itself (see flowpost.core.launch).
@@ -85,7 +85,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
             start_new_session=True,
             env=env,
         )
-        hang_timeout = (spec.config.get("launch") or {}).get("hang_timeout")
+        hang_timeout = spec.launch.get("hang_timeout")
         last_event = time.monotonic()
         try:
             while process.poll() is None:
@@ -129,8 +129,7 @@ def threads_per_process(spec: StageSpec) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    processes = int((spec.config.get("launch") or {}).get("num_processes", 1) or 1)
-    return max(1, cores // max(1, processes))
+    return max(1, cores // spec.num_processes)
 
 
 def _tail(log_path: Path, lines: int = 15) -> str:

@@ -95,7 +95,7 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
             enabled=self.accelerator.is_main_process,
         )
         self._micro_index = 0
-        backend = (spec.config.get("launch") or {}).get("backend", "ddp")
+        backend = spec.launch.get("backend", "ddp")
         self.parallel = parallel_layout(backend, self.accelerator.num_processes)
         model = self.parallel.prepare(adapter, self.accelerator.device)
         self.setup()

@@ -27,6 +27,16 @@ class StageSpec:
     resume: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def num_processes(self) -> int:
+        """``launch.num_processes`` (1 when the config has no launch section)."""
+        return int(self.launch.get("num_processes") or 1)
+
+    @property
+    def launch(self) -> dict[str, Any]:
+        """The stage's ``launch:`` section (empty when the config has none)."""
+        return self.config.get("launch") or {}
+
     def write(self, path: str | Path) -> None:
         write_json_atomic(path, asdict(self))
 
