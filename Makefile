@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-build-isolation -e '.[deepspeed]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -11,6 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
+import torch
+
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
@@ -79,7 +81,9 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         adapter.encoder_max_length = int(encoder["max_length"])
     lora = stage.model.lora
     if lora is not None:
-        adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
+        with torch.random.fork_rng(devices=[]):  # adapters drawn from the seed alone, whatever ran before
+            torch.manual_seed(spec.seed)
+            adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
     return adapter
 
 

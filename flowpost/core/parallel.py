@@ -1,7 +1,8 @@
 """How ranks hold the model: whole on every rank (``replicated``, DDP arithmetic) or ``sharded`` (FSDP2).
 
-The trainer asks its layout for everything that differs between the two: preparing the module,
-synchronising gradients, checking the ranks agree, and moving whole weights in and out for
+DeepSpeed ZeRO-2 (``flowpost.core.parallel_zero``) is a third layout. The trainer asks its layout
+for everything that differs between them: preparing the module and optimizer, backward and
+synchronising gradients, clipping, checking the ranks agree, and moving whole weights in and out for
 checkpoints and the final folders. Checkpoints always hold whole tensors, so a stage resumes
 under another world size of the same layout.
 """
@@ -32,6 +33,21 @@ class Replicated:
         model = adapter.module().to(device)
         broadcast_module(model)  # replicas start equal whatever each rank's init did
         return model
+
+    def prepare_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer, accelerator: Any) -> Any:
+        """What the trainer steps and zeroes (``.optimizer`` is ``optimizer``)."""
+        return accelerator.prepare_optimizer(optimizer)
+
+    def backward(self, loss: torch.Tensor, accelerator: Any) -> None:
+        accelerator.backward(loss)
+
+    def clip_gradients(self, accelerator: Any, model: nn.Module, max_norm: float) -> float | None:
+        """Clip the global gradient norm to ``max_norm``; the norm before clipping."""
+        return float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
+
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics only known after the optimizer step."""
+        return {}
 
     def sync_gradients(self, parameters: list[nn.Parameter]) -> float | None:
         """Average the gradients over ranks; the seconds it took (None in a single process)."""
@@ -155,5 +171,11 @@ class Sharded(Replicated):
 
 
 def parallel_layout(backend: str, world_size: int) -> Replicated:
-    """``Sharded`` for ``fsdp2`` over several processes, else ``Replicated``."""
-    return Sharded() if backend == "fsdp2" and world_size > 1 else Replicated()
+    """Over several processes: ``Sharded`` (fsdp2), ``ZeroPartitioned`` (deepspeed-zero2); else ``Replicated``."""
+    if world_size > 1 and backend == "fsdp2":
+        return Sharded()
+    if world_size > 1 and backend == "deepspeed-zero2":
+        from flowpost.core.parallel_zero import ZeroPartitioned
+
+        return ZeroPartitioned()
+    return Replicated()

@@ -15,5 +15,5 @@ class GradClipCallback(Callback):
         self.max_norm = max_norm
 
     def on_before_optimizer_step(self, trainer: BaseTrainer) -> dict[str, float]:
-        norm = trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), self.max_norm)
-        return {"grad_norm": float(norm)}
+        norm = trainer.parallel.clip_gradients(trainer.accelerator, trainer.model, self.max_norm)
+        return {} if norm is None else {"grad_norm": norm}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -118,6 +119,10 @@ class CallbacksConfig(StrictModel):
     trackers: list[Literal["tensorboard", "dvclive", "wandb"]] = Field(default_factory=list)
 
 
+def deepspeed_installed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
 class LaunchConfig(StrictModel):
     """How many processes train a stage. Topology (nodes, addresses) comes from flags/env."""
 
@@ -130,8 +135,11 @@ class LaunchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _available(self) -> LaunchConfig:
-        if self.backend == "deepspeed-zero2" and self.num_processes > 1:
-            raise ValueError("backend 'deepspeed-zero2' is not available in this version; use ddp or fsdp2")
+        if self.backend == "deepspeed-zero2" and self.num_processes > 1 and not deepspeed_installed():
+            raise ValueError(
+                "backend 'deepspeed-zero2' needs DeepSpeed: "
+                "DS_BUILD_OPS=0 pip install --no-build-isolation 'flowpost[deepspeed]', or use ddp or fsdp2"
+            )
         if self.mixed_precision != "no":
             raise ValueError("mixed precision is not available in this version; set mixed_precision: 'no'")
         return self

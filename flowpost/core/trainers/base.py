@@ -107,7 +107,7 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
         self.model = model  # never wrapped: the layout synchronises gradients (flowpost.core.parallel)
-        self.optimizer = self.accelerator.prepare_optimizer(optimizer)
+        self.optimizer = self.parallel.prepare_optimizer(model, optimizer, self.accelerator)
 
     # -- hooks -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -224,7 +224,7 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate gradients of ``loss`` (already divided by the accumulation count)."""
-        self.accelerator.backward(loss)
+        self.parallel.backward(loss, self.accelerator)
 
     def step_optimizer(self, metrics: dict[str, float], *, micro_batches: int = 0) -> dict[str, float]:
         """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks."""
@@ -235,6 +235,7 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
         metrics.update(self.callbacks.on_before_optimizer_step(self))
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
+        metrics.update(self.parallel.step_metrics())
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress = self.progress.after_optimizer_step(micro_batches)

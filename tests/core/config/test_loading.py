@@ -206,7 +206,6 @@ def test_stage_init_may_name_only_earlier_stage(tmp_path: Path) -> None:
     [
         ("stages.sft.launch.num_processes=3", "stages.sft.train.batch_size"),
         ("stages.grpo.launch.num_processes=3", "stages.grpo.train.rollout_batch_size"),
-        ("stages.sft.launch.backend=deepspeed-zero2", "stages.sft.launch"),
         ("stages.sft.model.family=nope", "stages.sft.model.family"),
         ("evaluate.samples=1", "evaluate.samples"),
         ("datasets.digits.image_size=10", "datasets.digits.image_size"),
@@ -215,8 +214,17 @@ def test_stage_init_may_name_only_earlier_stage(tmp_path: Path) -> None:
     ],
 )
 def test_settings_that_would_fail_later_are_rejected_up_front(override: str, path: str) -> None:
-    overrides = [override, "stages.sft.launch.num_processes=2"] if "backend" in override else [override]
-    assert path in _error(overrides)
+    assert path in _error([override])
+
+
+def test_zero2_without_deepspeed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowpost.core.config import schema
+
+    overrides = ["stages.sft.launch.backend=deepspeed-zero2", "stages.sft.launch.num_processes=2"]
+    assert load_pipeline(None, overrides).stages["sft"].launch.backend == "deepspeed-zero2"
+    monkeypatch.setattr(schema, "deepspeed_installed", lambda: False)
+    message = _error(overrides)
+    assert "stages.sft.launch" in message and "pip install" in message and "flowpost[deepspeed]" in message
 
 
 def test_two_processes_split_the_default_batches() -> None:

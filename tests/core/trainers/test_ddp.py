@@ -93,6 +93,20 @@ def test_fsdp_two_sharded_processes_match_one_process_with_the_same_global_batch
     _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, backend="fsdp2")
 
 
+@pytest.mark.parametrize(("trainer", "train", "stage"), STAGES)
+def test_zero2_two_deepspeed_processes_match_one_process_with_the_same_global_batch(
+    tmp_path, data_dirs, fresh_weights, trainer, train, stage
+) -> None:
+    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, backend="deepspeed-zero2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2", "deepspeed-zero2"], ids=["ddp", "fsdp", "zero2"])
+def test_lora_sft_on_two_processes_matches_one_process(tmp_path, data_dirs, fresh_weights, backend) -> None:
+    stage = {"model": {"family": "tiny-sd3", "transformer": TINY, "lora": {"rank": 4}}}
+    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, "sft", SFT, stage, backend=backend)
+
+
 def _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, *, backend: str) -> None:
     single = run_training(_spec(tmp_path / "one", data_dirs, trainer, train, 1, **stage))
     double = run_training(_spec(tmp_path / "two", data_dirs, trainer, train, 2, backend, **stage))
@@ -214,7 +228,9 @@ def _wait_until_gone(marker: str, timeout: float = 60.0) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("processes", "backend"), [(1, "ddp"), (2, "ddp"), (2, "fsdp2")], ids=["one-process", "ddp", "fsdp"]
+    ("processes", "backend"),
+    [(1, "ddp"), (2, "ddp"), (2, "fsdp2"), (2, "deepspeed-zero2")],
+    ids=["one-process", "ddp", "fsdp", "zero2"],
 )
 def test_resume_grpo_after_sigkill_mid_iteration_is_bit_identical(tmp_path, data_dirs, processes, backend) -> None:
     train = {**GRPO, "lr": 1e-3, "iterations": 16, "checkpoint_every": 1}
