@@ -111,6 +111,34 @@ def serve(
 
 
 @app.command()
+def deploy(
+    pool: Annotated[str, typer.Option("--pool", help="Prefect work pool (created as a process pool if missing)")],
+    pipeline: PipelineArg = None,
+    cron: Annotated[
+        str | None, typer.Option("--cron", help='schedule, e.g. "0 3 * * *" (default: none, run on demand)')
+    ] = None,
+    workspace: WorkspaceOpt = Path("workspace"),
+    set_: SetOpt = None,
+    name: Annotated[str, typer.Option("--name", help="deployment name")] = "scheduled",
+) -> None:
+    """Register the pipeline as a deployment on a Prefect work pool, whose workers run it, and exit."""
+    import shlex
+
+    _quiet_prefect_defaults()
+    from prefect.settings import PREFECT_API_URL
+
+    from flowpost.flows.retrain import deploy_pipeline
+
+    deployment = deploy_pipeline(pipeline, list(set_ or []), workspace, pool=pool, cron=cron, name=name)
+    when = f"on '{cron}'" if cron else "without a schedule"
+    typer.echo(f"deployment {deployment} on work pool {pool} {when}")
+    if not PREFECT_API_URL.value():
+        typer.echo("note: PREFECT_API_URL is not set, so workers on other machines cannot see this deployment")
+    typer.echo(f"start workers where flowpost is installed: prefect worker start --pool {shlex.quote(pool)}")
+    typer.echo(f"run it now: prefect deployment run {shlex.quote(deployment)}")
+
+
+@app.command()
 def plan(
     pipeline: PipelineArg = None,
     workspace: WorkspaceOpt = Path("workspace"),

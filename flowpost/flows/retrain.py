@@ -1,8 +1,11 @@
-"""Scheduled retraining: a served deployment that reloads the pipeline file and runs it on a cron."""
+"""Scheduled retraining: a deployment, served here or run by work-pool workers, that reloads the pipeline file
+and runs it on a cron."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from prefect import flow
 
@@ -31,18 +34,68 @@ def check_cron(cron: str) -> None:
         raise FlowpostError(f"invalid cron expression {cron!r} ({exc})", where="--cron") from None
 
 
+def retrain_parameters(
+    pipeline_file: Path | None, overrides: list[str], workspace: Path, *, cron: str | None
+) -> dict[str, Any]:
+    """Check ``cron`` and the pipeline now, not at 3 a.m.; the parameters of every ``retrain_flow`` run."""
+    if cron is not None:
+        check_cron(cron)
+    load_pipeline(pipeline_file, overrides)
+    return {
+        "pipeline_file": str(pipeline_file.resolve()) if pipeline_file else None,
+        "overrides": list(overrides),
+        "workspace": str(workspace.resolve()),
+    }
+
+
+def _description(pipeline_file: Path | None, workspace: Path, cron: str | None) -> str:
+    when = f"on '{cron}'" if cron else "on demand"
+    return f"retrain {pipeline_file or 'the default pipeline'} into {workspace} {when}"
+
+
 def serve_pipeline(pipeline_file: Path | None, overrides: list[str], workspace: Path, *, cron: str, name: str) -> None:
     """Serve ``retrain_flow`` as deployment ``flowpost-retrain/<name>`` on ``cron`` until interrupted."""
-    check_cron(cron)
-    load_pipeline(pipeline_file, overrides)  # fail now on a bad file, not at 3 a.m.
     retrain_flow.serve(
         name=name,
         cron=cron,
-        parameters={
-            "pipeline_file": str(pipeline_file.resolve()) if pipeline_file else None,
-            "overrides": list(overrides),
-            "workspace": str(workspace.resolve()),
-        },
+        parameters=retrain_parameters(pipeline_file, overrides, workspace, cron=cron),
         tags=["flowpost"],
-        description=f"retrain {pipeline_file or 'the default pipeline'} into {workspace} on '{cron}'",
+        description=_description(pipeline_file, workspace, cron),
     )
+
+
+def ensure_process_pool(pool: str) -> None:
+    """Create work pool ``pool`` as a ``process`` pool with Prefect's default job template, unless it exists."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.workers.process import ProcessWorker
+
+    work_pool = WorkPoolCreate(
+        name=pool, type=ProcessWorker.type, base_job_template=ProcessWorker.get_default_base_job_template()
+    )
+    with get_client(sync_client=True) as client, suppress(ObjectAlreadyExists):
+        client.create_work_pool(work_pool)
+
+
+def deploy_pipeline(
+    pipeline_file: Path | None, overrides: list[str], workspace: Path, *, pool: str, cron: str | None, name: str
+) -> str:
+    """Register ``retrain_flow`` as deployment ``flowpost-retrain/<name>`` on work pool ``pool`` (created as a
+    process pool if missing), scheduled on ``cron`` or run on demand; returns the deployment's full name.
+
+    The entrypoint is the module path, so a worker on any machine where flowpost is installed imports it."""
+    from prefect.types.entrypoint import EntrypointType
+
+    parameters = retrain_parameters(pipeline_file, overrides, workspace, cron=cron)
+    ensure_process_pool(pool)
+    retrain_flow.to_deployment(
+        name=name,
+        cron=cron,
+        parameters=parameters,
+        tags=["flowpost"],
+        description=_description(pipeline_file, workspace, cron),
+        work_pool_name=pool,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    ).apply()
+    return f"{RETRAIN_FLOW}/{name}"
