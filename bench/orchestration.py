@@ -1,9 +1,10 @@
 """What Prefect costs: a pipeline run as a flow against the same nodes run directly.
 
-    python bench/orchestration.py [--workspace bench-ws] [--sft-steps 100] [--grpo-iterations 5] [--repeats 1]
+    python bench/orchestration.py [--workspace bench-ws] [--sft-steps N] [--grpo-iterations N] [--repeats 1]
 
-Runs the default pipeline (budgets cut as given, 100 eval samples) in fresh workspaces, each in
-its own process, ``--repeats`` times alternating (the machine's speed drifts): once node by node
+Runs the default pipeline (its own budgets unless cut as given, 100 eval samples) in fresh
+workspaces, each in its own process, ``--repeats`` times, the order alternating from pair to pair
+(direct then flow, flow then direct: the machine's speed drifts): once node by node
 through the runner without Prefect, once with ``flowpost run`` (a temporary Prefect server, one
 task per node, logs and artifacts). Reports the fixed overhead of a flow run (wall time outside
 the nodes, minus the same for the direct run: server start, flow and task bookkeeping) and each
@@ -36,12 +37,9 @@ run.publish_report()
 """
 
 
-def overrides(sft_steps: int, grpo_iterations: int) -> list[str]:
-    return [
-        f"stages.sft.train.max_steps={sft_steps}",
-        f"stages.grpo.train.iterations={grpo_iterations}",
-        "evaluate.samples=100",
-    ]
+def overrides(sft_steps: int | None, grpo_iterations: int | None) -> list[str]:
+    cuts = {"stages.sft.train.max_steps": sft_steps, "stages.grpo.train.iterations": grpo_iterations}
+    return [f"{key}={value}" for key, value in cuts.items() if value is not None] + ["evaluate.samples=100"]
 
 
 def timed(command: list[str], log: Path) -> float:
@@ -79,15 +77,15 @@ def run_once(root: Path, mode: str, sets: list[str], repeat: int) -> dict[str, A
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
-    parser.add_argument("--sft-steps", type=int, default=100)
-    parser.add_argument("--grpo-iterations", type=int, default=5)
+    parser.add_argument("--sft-steps", type=int, help="default: the pipeline's")
+    parser.add_argument("--grpo-iterations", type=int, help="default: the pipeline's")
     parser.add_argument("--repeats", type=int, default=1, help="direct/flow pairs, interleaved (machine drift)")
     args = parser.parse_args(argv)
     root = args.workspace / "orchestration"
     sets = overrides(args.sft_steps, args.grpo_iterations)
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "flow": []}
     for repeat in range(args.repeats):
-        for mode in ("direct", "flow"):
+        for mode in ("direct", "flow") if repeat % 2 == 0 else ("flow", "direct"):
             runs[mode].append(run_once(root, mode, sets, repeat))
     fixed = statistics.mean(
         f["outside_nodes"] - d["outside_nodes"] for d, f in zip(runs["direct"], runs["flow"], strict=True)

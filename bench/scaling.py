@@ -1,11 +1,13 @@
 """Data-parallel scaling on this machine: 1 -> N processes, throughput and gradient-sync cost.
 
     python bench/scaling.py [--workspace bench-ws] [--processes 1 2] [--steps 40] [--trainers sft grpo]
+                            [--backends ddp fsdp2 deepspeed-zero2]
 
 Runs the default pipeline's stages (real model size and batch sizes) from scratch for a fixed
 budget at each process count (global batch unchanged, split across ranks; gloo on CPU) and reads
 the stage's step events: samples per second over the steps after the first (startup excluded) and
-the mean ``grad_sync_seconds`` of a step (the one flat all-reduce of the gradients). Writes
+the mean ``grad_sync_seconds`` of a step (ddp: the one flat all-reduce of the gradients; fsdp2 and
+ZeRO-2 communicate inside backward and step, so only their throughput is reported). Writes
 ``WORKSPACE/scaling.json``. Run it on an otherwise idle machine.
 """
 
@@ -25,7 +27,7 @@ from flowpost.tasks.runner import PipelineRun
 from flowpost.tasks.train import run_training, stage_spec
 
 
-def scaled_pipeline(trainer_budget: dict[str, int], processes: int) -> Any:
+def scaled_pipeline(trainer_budget: dict[str, int], processes: int, backend: str = "ddp") -> Any:
     """The default pipeline with each benchmarked stage from scratch, on ``processes`` ranks, no side work."""
     data = pipeline_to_dict(load_pipeline(None))
     for name, budget in trainer_budget.items():
@@ -34,17 +36,17 @@ def scaled_pipeline(trainer_budget: dict[str, int], processes: int) -> Any:
         key = "max_steps" if name == "sft" else "iterations"
         stage["train"] = {**stage["train"], key: budget, "checkpoint_every": 0, "log_every": 1}
         stage["callbacks"] = {**stage["callbacks"], "trackers": []}
-        stage["launch"] = {**stage["launch"], "num_processes": processes}
+        stage["launch"] = {**stage["launch"], "num_processes": processes, "backend": backend}
     return validate_pipeline(data, source="scaling bench pipeline")
 
 
-def measure(workspace: Path, name: str, budget: int, processes: int) -> dict[str, float]:
+def measure(workspace: Path, name: str, budget: int, processes: int, backend: str) -> dict[str, Any]:
     """Run one stage and summarise its step events."""
-    pipeline = scaled_pipeline({name: budget}, processes)
+    pipeline = scaled_pipeline({name: budget}, processes, backend)
     run = PipelineRun(pipeline, workspace)
     for node in ("acquire.digits", "conditions.minilm"):
         run.execute(node)
-    out = workspace / "scaling" / f"{name}-{processes}"
+    out = workspace / "scaling" / f"{name}-{processes}-{backend}"
     spec = stage_spec(
         pipeline,
         name,
@@ -67,6 +69,7 @@ def measure(workspace: Path, name: str, budget: int, processes: int) -> dict[str
     sync = [e["metrics"]["grad_sync_seconds"] for e in steps if "grad_sync_seconds" in e["metrics"]]
     return {
         "processes": processes,
+        "backend": backend if processes > 1 else "-",
         "units": len(steps) - 1,
         "seconds": seconds,
         "samples_per_second": (len(steps) - 1) * samples_per_unit / seconds,
@@ -81,17 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=40, help="SFT optimizer steps (GRPO: a tenth, at least 3)")
     parser.add_argument("--trainers", nargs="+", default=["sft", "grpo"], choices=["sft", "grpo"])
+    parser.add_argument("--backends", nargs="+", default=["ddp"], choices=["ddp", "fsdp2", "deepspeed-zero2"])
     args = parser.parse_args(argv)
     budgets = {"sft": args.steps, "grpo": max(3, args.steps // 10)}
-    results: dict[str, list[dict[str, float]]] = {}
+    runs = [(n, backend) for n in args.processes for backend in (args.backends if n > 1 else ["ddp"])]
+    results: dict[str, list[dict[str, Any]]] = {}
     for name in args.trainers:
-        results[name] = [measure(args.workspace, name, budgets[name], n) for n in args.processes]
+        results[name] = [measure(args.workspace, name, budgets[name], n, backend) for n, backend in runs]
         base = results[name][0]["samples_per_second"]
         print(f"\n{name}: {budgets[name]} {'steps' if name == 'sft' else 'iterations'}")
-        print("processes  samples/s  speedup  s/unit  grad sync s/step")
+        print("processes  backend          samples/s  speedup  s/unit  grad sync s/step")
         for row in results[name]:
             print(
-                f"{row['processes']:>9}  {row['samples_per_second']:>9.1f}  {row['samples_per_second'] / base:>7.2f}"
+                f"{row['processes']:>9}  {row['backend']:<15}  {row['samples_per_second']:>9.1f}"
+                f"  {row['samples_per_second'] / base:>7.2f}"
                 f"  {row['seconds_per_unit']:>6.2f}  {row['grad_sync_seconds']:>16.4f}"
             )
     write_json_atomic(args.workspace / "scaling.json", results)
