@@ -32,6 +32,7 @@ class PersistenceMixin:
     adapter: ModelAdapter
     args: Any
     callbacks: CallbackList
+    completed_units: int
     events: EventLog
     model: torch.nn.Module
     optimizer: Any
@@ -61,7 +62,8 @@ class PersistenceMixin:
         )
         if self.accelerator.is_main_process:
             path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.args.keep_last)
-            self.events.emit("checkpoint", step=state.step, path=str(path))
+            # ``step`` counts budget units like the other events; the folder is named by optimizer steps
+            self.events.emit("checkpoint", step=self.completed_units, optimizer_step=state.step, path=str(path))
         self.accelerator.wait_for_everyone()
         self._saved_progress = self.progress
 

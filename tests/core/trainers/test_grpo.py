@@ -105,6 +105,9 @@ def test_a_grpo_stage_runs_checkpoints_and_resumes_to_identical_weights(make_tra
 
     first = make_trainer(tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **{**settings, "iterations": 2})
     first.start()
+    saved = [e for e in read_events(tmp_path / "resumed" / "events.jsonl") if e["event"] == "checkpoint"]
+    assert [(e["step"], e["optimizer_step"]) for e in saved] == [(1, 2), (2, 4)]  # iterations, like step events
+    assert saved[-1]["path"].endswith("step-4")
     resumed = make_trainer(tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **settings)
     resumed.start()
     a, b = straight.adapter.module().state_dict(), resumed.adapter.module().state_dict()
