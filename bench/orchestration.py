@@ -9,8 +9,12 @@ through the runner without Prefect, once with ``flowpost run`` (a temporary Pref
 task per node, logs and artifacts). Reports the fixed overhead of a flow run (wall time outside
 the nodes, minus the same for the direct run: server start, flow and task bookkeeping) and each
 node's overhead (its seconds in the flow against its seconds run directly), as means over pairs.
-Goals: fixed <= 20 s, <= 2 % per training stage. Writes ``WORKSPACE/orchestration.json``. Run it
-on an otherwise idle machine.
+Because this machine's speed drifts by more than 2 % within minutes, it also samples every process
+of each run from ``/proc`` and reports, per training stage, the CPU the run's other processes
+(runner, Prefect server) used while the stage ran, per CPU second of the stage: the share of the
+machine the orchestration competes for, which wall-clock pairs cannot resolve. Goals: fixed
+<= 20 s, <= 2 % per training stage. Writes ``WORKSPACE/orchestration.json``. Run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from cpu_share import TreeSampler
 
 from flowpost.core.io import read_json, write_json_atomic
 
@@ -42,12 +48,30 @@ def overrides(sft_steps: int | None, grpo_iterations: int | None) -> list[str]:
     return [f"{key}={value}" for key, value in cuts.items() if value is not None] + ["evaluate.samples=100"]
 
 
-def timed(command: list[str], log: Path) -> float:
-    """Wall seconds of ``command`` (its output to ``log``); raises if it fails."""
+def timed(command: list[str], log: Path) -> tuple[float, TreeSampler]:
+    """Wall seconds of ``command`` (its output to ``log``) and its process tree's CPU; raises if it fails."""
     started = time.monotonic()
     with log.open("w") as handle:
-        subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=True)
-    return time.monotonic() - started
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
+        sampler = TreeSampler(process.pid).start()
+        returncode = process.wait()
+        sampler.stop()
+    if returncode:
+        raise subprocess.CalledProcessError(returncode, command)
+    return time.monotonic() - started, sampler
+
+
+def training_cpu(sampler: TreeSampler, workspace: Path, nodes: list[str]) -> dict[str, dict[str, float]]:
+    """Per training node: CPU seconds of its stage process, and of every other process of the run
+    (runner, Prefect server, ...) while the stage process lived."""
+    found = {}
+    for node in nodes:
+        seen = sampler.lifetime(f"flowpost.core.launch {workspace}/{node}/")
+        if seen is not None:
+            pid, start, end = seen
+            stage = sampler.cpu_between(start, end, only={pid})
+            found[node] = {"stage": stage, "others": sampler.cpu_between(start, end) - stage}
+    return found
 
 
 def node_seconds(workspace: Path) -> dict[str, float]:
@@ -69,9 +93,10 @@ def run_once(root: Path, mode: str, sets: list[str], repeat: int) -> dict[str, A
     else:
         flags = [flag for value in sets for flag in ("--set", value)]
         command = [sys.executable, "-m", "flowpost.cli", "run", "--workspace", str(workspace), *flags]
-    wall = timed(command, root / f"{mode}-{repeat}.log")
+    wall, sampler = timed(command, root / f"{mode}-{repeat}.log")
     nodes = node_seconds(workspace)
-    return {"wall": wall, "nodes": nodes, "outside_nodes": wall - sum(nodes.values())}
+    cpu = training_cpu(sampler, workspace.resolve(), [node for node in nodes if node.startswith("train.")])
+    return {"wall": wall, "nodes": nodes, "outside_nodes": wall - sum(nodes.values()), "training_cpu": cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +128,19 @@ def main(argv: list[str] | None = None) -> int:
         per_node[node] = statistics.mean((f - d) / d if d > 0 else float("nan") for d, f in pairs)
         direct, flow = statistics.mean(d for d, _ in pairs), statistics.mean(f for _, f in pairs)
         print(f"{node:<20} {direct:>8.1f} {flow:>8.1f} {100 * per_node[node]:>9.1f} %")
-    write_json_atomic(args.workspace / "orchestration.json", {"runs": runs, "fixed": fixed, "per_node": per_node})
+    print("\nCPU the run's other processes used while a training stage ran, per 100 CPU s of the stage")
+    print("node                 direct   flow   flow adds (mean of pairs)")
+    cpu_share = {}
+    for node in runs["direct"][0]["training_cpu"]:
+        shares = {
+            mode: [r["training_cpu"][node]["others"] / r["training_cpu"][node]["stage"] for r in rs]
+            for mode, rs in runs.items()
+        }
+        cpu_share[node] = statistics.mean(f - d for d, f in zip(shares["direct"], shares["flow"], strict=True))
+        direct, flow = (100 * statistics.mean(shares[mode]) for mode in ("direct", "flow"))
+        print(f"{node:<20} {direct:>6.2f} {flow:>6.2f} {100 * cpu_share[node]:>8.2f} %")
+    summary = {"runs": runs, "fixed": fixed, "per_node": per_node, "training_cpu_share": cpu_share}
+    write_json_atomic(args.workspace / "orchestration.json", summary)
     print(f"\nwrote {args.workspace / 'orchestration.json'}")
     return 0
 

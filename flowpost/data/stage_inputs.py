@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from flowpost.core.io import read_json
+from flowpost.core.io import read_json, sha256_file
 from flowpost.core.trainers.inputs import ConditionTable, StageInputs
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import load_condition_table
 from flowpost.data.loaders import DemonstrationDataset, FiniteLoader
 from flowpost.data.shards import read_shards
+from flowpost.errors import FlowpostError
+
+PROMPTS_FILE = "prompts.jsonl"  # what a prompt-files acquisition writes
 
 
 def condition_table(cache_dir: str | Path, encoder_fingerprint: str) -> ConditionTable:
@@ -32,11 +36,26 @@ def load_stage_inputs(spec: StageSpec) -> StageInputs:
     if spec.dataset_dir is not None:
         dataset_dir = Path(spec.dataset_dir)
         train_dir = dataset_dir / "train"
-        manifest = read_json(train_dir / "manifest.json", what="dataset manifest")
-        inputs.demonstrations = partial(_demonstration_loader, train_dir, manifest)
-        labels = manifest.get("labels") if isinstance(manifest, dict) else None
-        if not isinstance(labels, dict):  # written before manifests listed labels
-            labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
-        inputs.prompts = [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
-        inputs.assets_dir = dataset_dir / "assets"
+        if (dataset_dir / PROMPTS_FILE).is_file():
+            inputs.prompts = read_prompt_set(dataset_dir)
+        else:
+            manifest = read_json(train_dir / "manifest.json", what="dataset manifest")
+            inputs.demonstrations = partial(_demonstration_loader, train_dir, manifest)
+            labels = manifest.get("labels") if isinstance(manifest, dict) else None
+            if not isinstance(labels, dict):  # written before manifests listed labels
+                labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
+            inputs.prompts = [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
+            inputs.assets_dir = dataset_dir / "assets"
+    if spec.prompts_dir is not None:
+        inputs.prompts = read_prompt_set(Path(spec.prompts_dir))
     return inputs
+
+
+def read_prompt_set(dataset_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The (prompt, metadata) pairs a prompt-files acquisition wrote, hash-checked against its manifest."""
+    manifest = read_json(dataset_dir / "manifest.json", what="dataset manifest")
+    path = dataset_dir / PROMPTS_FILE
+    if sha256_file(path) != manifest.get("sha256"):
+        raise FlowpostError(f"{path} does not match its manifest; re-run acquisition", where=str(path))
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return [(row["prompt"], row["metadata"]) for row in rows]

@@ -1,7 +1,8 @@
-"""Node ``acquire.<dataset>``: shards, manifest and evaluator classifiers."""
+"""Node ``acquire.<dataset>``: digits shards, manifest and evaluator classifiers, or a prompt set."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from flowpost.core.evaluation.classifier import (
     save_classifier,
     train_classifier,
 )
-from flowpost.core.io import write_json_atomic
+from flowpost.core.io import sha256_file, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.data.digits import (
     EVAL_TEMPLATES,
@@ -24,13 +25,44 @@ from flowpost.data.digits import (
     demonstrations,
     load_digits_split,
 )
+from flowpost.data.prompt_files import prompt_files_fingerprint, read_prompt_files
 from flowpost.data.shards import write_shards
+from flowpost.data.stage_inputs import PROMPTS_FILE
 
 log = get_logger(__name__)
 MIN_ACCURACY = 0.97
 
 
-def acquire_dataset(config: DatasetConfig, out_dir: Path, *, smoke: bool = False) -> dict[str, Any]:
+def acquire_dataset(
+    config: DatasetConfig, out_dir: Path, *, smoke: bool = False, where: str = "datasets"
+) -> dict[str, Any]:
+    """Acquire one dataset into ``out_dir`` and return its manifest (also written as ``manifest.json``)."""
+    if config.source == "prompt-files":
+        return acquire_prompt_files(config, out_dir, where=where)
+    return acquire_digits(config, out_dir, smoke=smoke)
+
+
+def acquire_prompt_files(config: DatasetConfig, out_dir: Path, *, where: str) -> dict[str, Any]:
+    """Copy the prompts (with their metadata) to ``prompts.jsonl`` and list them in the manifest."""
+    records = read_prompt_files(str(config.path), where=f"{where}.path")
+    lines = [json.dumps({"prompt": r.prompt, "metadata": r.metadata}, sort_keys=True) for r in records]
+    write_bytes_atomic(out_dir / PROMPTS_FILE, ("\n".join(lines) + "\n").encode("utf-8"))
+    manifest = {
+        "source": config.source,
+        "path": str(config.path),
+        "files_fingerprint": prompt_files_fingerprint(str(config.path), where=f"{where}.path"),
+        "counts": {"prompts": len(records)},
+        "sha256": sha256_file(out_dir / PROMPTS_FILE),
+        "train_prompts": [r.prompt for r in records],
+        "eval_prompts": [],
+        "classifiers": {},
+    }
+    write_json_atomic(out_dir / "manifest.json", manifest)
+    log.info("acquired %d prompts from %s", len(records), config.path)
+    return manifest
+
+
+def acquire_digits(config: DatasetConfig, out_dir: Path, *, smoke: bool = False) -> dict[str, Any]:
     """Write ``train/`` and ``test/`` shards, ``assets/`` classifiers and ``manifest.json``.
 
     Train records pair each train image with every training template; test records pair each

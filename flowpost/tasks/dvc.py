@@ -67,6 +67,8 @@ def dvc_stages(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, A
     stages: dict[str, Any] = {}
     for node in nodes:
         deps = ([code_dir] if code_dir else []) + [_dep_path(folders[dep], dep) for dep in node.deps]
+        dataset = pipeline.datasets.get(node.key) if node.kind == "acquire" else None
+        deps += [dataset.path] if dataset is not None and dataset.path else []  # prompt files: DVC hashes them
         stage: dict[str, Any] = {
             "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
         }

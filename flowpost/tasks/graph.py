@@ -66,6 +66,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         deps = []
         if stage.data is not None:
             deps += [f"acquire.{stage.data.dataset}", f"conditions.{stage.data.conditions}"]
+            deps += [f"acquire.{stage.data.prompts}"] if stage.data.prompts else []
         start = stage.model.fallback if stage.model.init == "previous" else stage.model.init
         if start != "scratch":
             deps.append(f"train.{start}")

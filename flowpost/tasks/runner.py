@@ -23,6 +23,7 @@ from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import ModelConfig, PipelineConfig
 from flowpost.core.io import read_json, sha256_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.trainers.spec import StageSpec
+from flowpost.data.prompt_files import prompt_files_fingerprint
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
@@ -41,6 +42,7 @@ from flowpost.tasks.train import EventHandler, run_training, stage_spec
 
 COMPLETE = "_complete.json"
 ATTEMPT = "_attempt.json"
+PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
 
@@ -68,10 +70,13 @@ class PipelineRun:
         self.fingerprints = {node: sha256_json(inputs) for node, inputs in self.inputs.items()}
 
     def _sources(self, node: Node, deps: dict[str, str]) -> dict[str, str]:
-        """State outside the config a node's result depends on: the versions its remote reward servers
-        report, and the promoted export (the one the gate compares with, or the one an
-        ``init: previous`` stage starts from)."""
+        """State outside the config a node's result depends on: the contents of prompt files, the
+        versions its remote reward servers report, and the promoted export (the one the gate
+        compares with, or the one an ``init: previous`` stage starts from)."""
         found = served_reward_versions(self.pipeline, node.key) if node.kind == "train" else {}
+        dataset = self.pipeline.datasets.get(node.key) if node.kind == "acquire" else None
+        if dataset is not None and dataset.path is not None:
+            found[PROMPT_FILES] = prompt_files_fingerprint(dataset.path, where=f"datasets.{node.key}.path")
         if node.kind == "promote":
             found[PROMOTED] = judged_against(self.promoted, deps["export"])
         elif reads_promoted(node):
@@ -142,7 +147,7 @@ class PipelineRun:
     def _dispatch(self, node: Node, out: Path, *, resume: bool, on_event: EventHandler | None) -> dict[str, Any]:
         p = self.pipeline
         if node.kind == "acquire":
-            manifest = acquire_dataset(p.datasets[node.key], out, smoke=p.smoke)
+            manifest = acquire_dataset(p.datasets[node.key], out, smoke=p.smoke, where=f"datasets.{node.key}")
             return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
         if node.kind == "conditions":
             datasets = [self.path(f"acquire.{ds}") for ds in p.conditions[node.key].datasets]
@@ -209,12 +214,14 @@ class PipelineRun:
         """The spec of stage ``stage_name`` writing to ``out``, its inputs taken from this workspace."""
         stage = self.pipeline.stages[stage_name]
         data, conds = (stage.data.dataset, stage.data.conditions) if stage.data else (None, None)
+        prompts = stage.data.prompts if stage.data else None
         cond_dir = self.path(f"conditions.{conds}") if conds else None
         return stage_spec(
             self.pipeline,
             stage_name,
             out,
             dataset_dir=self.path(f"acquire.{data}") if data else None,
+            prompts_dir=self.path(f"acquire.{prompts}") if prompts else None,
             conditions_dir=cond_dir,
             encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
             init_from=self._init_weights(stage.model),

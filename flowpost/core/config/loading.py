@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from flowpost.core.config.schema import PipelineConfig, StageConfig
-from flowpost.core.contracts import ExecutionContract, Feedback
+from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
@@ -131,6 +131,8 @@ def _stage_problems(name: str, stage: StageConfig, contract: ExecutionContract) 
         )
     if stage.data is None:
         problems.append(f"stages.{name}.data: trainer {stage.trainer!r} needs {{dataset, conditions}}")
+    if stage.data is not None and stage.data.prompts and contract.acquisition is not Acquisition.GENERATION:
+        problems.append(f"stages.{name}.data.prompts: trainer {stage.trainer!r} reads a dataset, not prompts")
     if contract.feedback is Feedback.RUNTIME_REWARD and not stage.rewards:
         problems.append(f"stages.{name}.rewards: trainer {stage.trainer!r} needs at least one reward")
     for i, reward in enumerate(stage.rewards):

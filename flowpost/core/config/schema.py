@@ -26,12 +26,23 @@ EVAL_METRICS = ("adherence", "reward_mean", "fd")  # what an evaluation's metric
 
 
 class DatasetConfig(StrictModel):
-    """How to acquire one dataset."""
+    """How to acquire one dataset: the built-in digits, or prompts from files (``path``)."""
 
-    source: Literal["builtin-digits"]
+    source: Literal["builtin-digits", "prompt-files"]
+    path: str | None = Field(
+        None,
+        description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them, relative to the "
+        "working directory; its contents are a source fingerprint",
+    )
     image_size: int = Field(16, ge=8, le=64, multiple_of=4)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = 0
+
+    @model_validator(mode="after")
+    def _path_for_files(self) -> DatasetConfig:
+        if (self.source == "prompt-files") != (self.path is not None):
+            raise ValueError("'path' is required for source 'prompt-files' and only for it")
+        return self
 
 
 class ConditionsConfig(StrictModel):
@@ -83,10 +94,11 @@ class ModelConfig(StrictModel):
 
 
 class DataRef(StrictModel):
-    """The dataset and condition cache a stage reads."""
+    """The dataset and condition cache a stage reads; ``prompts`` replaces the rollout prompt pool."""
 
     dataset: str
     conditions: str
+    prompts: str | None = Field(None, description="a prompt-files dataset whose prompts generating trainers roll out")
 
 
 class EMAConfig(StrictModel):
@@ -274,29 +286,7 @@ class PipelineConfig(StrictModel):
             if name in INIT_KEYWORDS:
                 errors.append((f"stages.{name}", f"{name!r} is reserved for model.init; rename the stage"))
             if stage.data is not None:
-                if stage.data.dataset not in self.datasets:
-                    errors.append(
-                        (
-                            f"stages.{name}.data.dataset",
-                            _unknown("dataset", stage.data.dataset, self.datasets),
-                        )
-                    )
-                covered = self.conditions.get(stage.data.conditions)
-                if covered is not None and stage.data.dataset not in covered.datasets:
-                    errors.append(
-                        (
-                            f"stages.{name}.data.conditions",
-                            f"cache {stage.data.conditions!r} does not encode dataset {stage.data.dataset!r}; "
-                            f"add it to conditions.{stage.data.conditions}.datasets",
-                        )
-                    )
-                if stage.data.conditions not in self.conditions:
-                    errors.append(
-                        (
-                            f"stages.{name}.data.conditions",
-                            _unknown("conditions", stage.data.conditions, self.conditions),
-                        )
-                    )
+                errors += self._data_problems(name, stage.data)
             errors += _init_problems(name, stage.model, earlier, gated=bool(self.export and self.export.promote))
             earlier.append(name)
         for i, stage_name in enumerate(self.evaluate.after):
@@ -308,6 +298,8 @@ class PipelineConfig(StrictModel):
             self.evaluate.conditions = next(iter(self.conditions))
         if self.evaluate.dataset not in self.datasets:
             errors.append(("evaluate.dataset", _unknown("dataset", self.evaluate.dataset, self.datasets)))
+        elif self.evaluate.after and self.datasets[self.evaluate.dataset].source == "prompt-files":
+            errors.append(("evaluate.dataset", "evaluation needs held-out images and judges; name a digits dataset"))
         if self.evaluate.after and self.evaluate.conditions not in self.conditions:
             errors.append(
                 (
@@ -328,6 +320,31 @@ class PipelineConfig(StrictModel):
         if errors:
             raise ValueError("\n  ".join(f"{path}: {msg}" for path, msg in errors))
         return self
+
+    def _data_problems(self, name: str, data: DataRef) -> list[tuple[str, str]]:
+        """Unknown datasets or caches, a prompt set that is not prompt files, a dataset its cache lacks."""
+        errors = []
+        cache = self.conditions.get(data.conditions)
+        if cache is None:
+            errors.append((f"stages.{name}.data.conditions", _unknown("conditions", data.conditions, self.conditions)))
+        for key, dataset in (("dataset", data.dataset), ("prompts", data.prompts)):
+            if dataset is None:
+                continue
+            where = f"stages.{name}.data.{key}"
+            if dataset not in self.datasets:
+                errors.append((where, _unknown("dataset", dataset, self.datasets)))
+                continue
+            if key == "prompts" and self.datasets[dataset].source != "prompt-files":
+                errors.append((where, f"dataset {dataset!r} is not a 'prompt-files' source"))
+            if cache is not None and dataset not in cache.datasets:
+                errors.append(
+                    (
+                        f"stages.{name}.data.conditions",
+                        f"cache {data.conditions!r} does not encode dataset {dataset!r}; "
+                        f"add it to conditions.{data.conditions}.datasets",
+                    )
+                )
+        return errors
 
 
 def _init_problems(name: str, model: ModelConfig, earlier: list[str], *, gated: bool) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ class StageSpec:
     output_dir: str
     smoke: bool = False
     dataset_dir: str | None = None
+    prompts_dir: str | None = None  # a prompt-files dataset replacing the dataset's rollout prompts
     conditions_dir: str | None = None
     encoder_fingerprint: str | None = None
     init_from: str | None = None

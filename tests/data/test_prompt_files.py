@@ -1,0 +1,79 @@
+"""Prompt files: formats, metadata, order, errors and the contents fingerprint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flowpost.data.prompt_files import prompt_files_fingerprint, read_prompt_files
+from flowpost.errors import FlowpostError
+
+WHERE = "datasets.prompts.path"
+
+
+def _folder(tmp_path: Path) -> Path:
+    root = tmp_path / "prompts"
+    (root / "more").mkdir(parents=True)
+    (root / "a.txt").write_text("# comment\na digit three\n\n  a digit four  \n")
+    rows = [{"prompt": "a digit five", "label": 5}, {"prompt": "a digit three", "label": 3}]
+    (root / "b.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (root / "c.csv").write_text("prompt,label\na digit six,6\n")
+    pq.write_table(pa.table({"prompt": ["a digit seven"], "label": [7]}), root / "more" / "d.parquet")
+    return root
+
+
+def test_every_format_contributes_its_prompts_with_metadata_in_file_order(tmp_path: Path) -> None:
+    records = read_prompt_files(_folder(tmp_path), where=WHERE)
+    assert [(r.prompt, r.metadata) for r in records] == [
+        ("a digit three", {}),  # first seen in a.txt: its later jsonl row does not replace it
+        ("a digit four", {}),
+        ("a digit five", {"label": 5}),
+        ("a digit six", {"label": "6"}),  # csv values are text
+        ("a digit seven", {"label": 7}),
+    ]
+
+
+def test_a_single_file_is_a_prompt_set(tmp_path: Path) -> None:
+    file = tmp_path / "one.txt"
+    file.write_text("only prompt\n")
+    assert [r.prompt for r in read_prompt_files(file, where=WHERE)] == ["only prompt"]
+
+
+def test_the_fingerprint_follows_contents_and_names_only(tmp_path: Path) -> None:
+    root = _folder(tmp_path)
+    before = prompt_files_fingerprint(root, where=WHERE)
+    (root / "a.txt").touch()  # a new mtime is not new data
+    assert prompt_files_fingerprint(root, where=WHERE) == before
+    (root / "e.txt").write_text("a digit eight\n")
+    added = prompt_files_fingerprint(root, where=WHERE)
+    assert added != before
+    (root / "e.txt").write_text("a digit nine\n")
+    assert prompt_files_fingerprint(root, where=WHERE) not in (before, added)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        ("bad.jsonl", '{"prompt": "ok"}\nnot json\n', r"bad\.jsonl:2: not JSON"),
+        ("bad.jsonl", '["a list"]\n', r"bad\.jsonl:1: expected an object"),
+        ("bad.csv", "text,label\nhello,1\n", r"bad\.csv: a row has no 'prompt'"),
+        ("notes.md", "hello\n", r"notes\.md: not a prompt file"),
+    ],
+)
+def test_bad_files_are_named(tmp_path: Path, name: str, text: str, match: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(FlowpostError, match=match):
+        read_prompt_files(tmp_path, where=WHERE)
+
+
+def test_a_missing_path_or_an_empty_folder_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(FlowpostError, match="does not exist; create it or fix the path") as info:
+        read_prompt_files(tmp_path / "nowhere", where=WHERE)
+    assert info.value.where == WHERE
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FlowpostError, match="no prompt files"):
+        prompt_files_fingerprint(tmp_path / "empty", where=WHERE)
