@@ -65,7 +65,7 @@ def test_a_grpo_stage_rolls_out_the_folder_prompts_and_reruns_when_it_changes(ti
     assert len(inputs.conditions.lookup([p for p, _ in inputs.prompts])) == 2  # the rl cache encoded them
     assert (run.path("train.grpo") / "final" / "live").is_dir()
 
-    (folder / "second.txt").write_text("a drawing of the digit 4\n")
+    (folder / "second.jsonl").write_text(json.dumps({"prompt": "a drawing of the digit 4", "label": 4}) + "\n")
     again = PipelineRun(validate_pipeline(_pipeline(tiny_pipeline, folder)), tmp_path / "ws")
     reasons = {row.node: row.reason for row in plan_run(again)}
     assert reasons["acquire.prompts"].startswith("prompt files changed (")
