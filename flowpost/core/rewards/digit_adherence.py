@@ -28,8 +28,15 @@ class DigitAdherence:
 
     @torch.no_grad()
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
-        try:
-            labels = torch.tensor([int(m["label"]) for m in metadata])
-        except (KeyError, TypeError, ValueError):
-            raise FlowpostError("digit_adherence needs metadata['label'] for every sample", where="rewards") from None
-        return label_probability(self.classifier, media, labels)
+        labels = []
+        for prompt, meta in zip(prompts, metadata, strict=True):
+            try:
+                labels.append(int(meta["label"]))
+            except (KeyError, TypeError, ValueError):
+                found = meta.get("label") if isinstance(meta, dict) else None
+                raise FlowpostError(
+                    f"digit_adherence needs an integer 'label' in every prompt's metadata; prompt {prompt!r} has "
+                    f"label {found!r}: give it one in its prompt file (a 'label' field or column)",
+                    where="rewards",
+                ) from None
+        return label_probability(self.classifier, media, torch.tensor(labels))

@@ -100,6 +100,10 @@ def test_registry_builds_digit_adherence(tmp_path: Path) -> None:
     assert per_label.shape == (10, 3)
     assert ((per_label >= 0) & (per_label <= 1)).all()
     torch.testing.assert_close(per_label.sum(0), torch.ones(3))
+    string_labels = reward(media, [""] * 3, [{"label": "4"}] * 3)  # csv prompt files hold text
+    torch.testing.assert_close(string_labels, per_label[4])
+    with pytest.raises(FlowpostError, match=r"prompt 'a seven' has label None: give it one in its prompt file"):
+        reward(media, ["a three", "a seven", "x"], [{"label": 3}, {}, {"label": 1}])
 
 
 def test_registry_errors_name_the_config_path() -> None:
