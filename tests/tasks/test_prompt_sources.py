@@ -102,6 +102,11 @@ def test_dvc_tracks_the_prompt_path_as_a_dependency(tiny_pipeline, tmp_path: Pat
             "reads a dataset, not prompts",
         ),
         (lambda c: c["evaluate"].update(dataset="prompts"), "evaluate.dataset", "held-out images"),
+        (
+            lambda c: c["stages"]["sft"]["data"].update(dataset="prompts", conditions="rl"),
+            "stages.sft.data.dataset",
+            "holds prompts only",
+        ),
     ],
 )
 def test_misused_prompt_sets_are_rejected_with_their_config_path(tiny_pipeline, tmp_path, change, path, message):

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from flowpost.core.config.schema import PipelineConfig, StageConfig
+from flowpost.core.config.schema import DatasetConfig, PipelineConfig, StageConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback
 from flowpost.errors import FlowpostError
 
@@ -113,13 +113,15 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         except FlowpostError as exc:
             raise FlowpostError(str(exc), where=source) from None
         stage.train = arguments.model_dump(mode="json")
-        problems = _stage_problems(name, stage, arguments.execution_contract)
+        problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     return pipeline
 
 
-def _stage_problems(name: str, stage: StageConfig, contract: ExecutionContract) -> list[str]:
+def _stage_problems(
+    name: str, stage: StageConfig, contract: ExecutionContract, datasets: dict[str, DatasetConfig]
+) -> list[str]:
     """What a stage lacks for its trainer's contract, or names that no registry knows."""
     from flowpost.core.models.registry import FAMILIES
     from flowpost.core.rewards.registry import REWARDS
@@ -131,8 +133,15 @@ def _stage_problems(name: str, stage: StageConfig, contract: ExecutionContract) 
         )
     if stage.data is None:
         problems.append(f"stages.{name}.data: trainer {stage.trainer!r} needs {{dataset, conditions}}")
-    if stage.data is not None and stage.data.prompts and contract.acquisition is not Acquisition.GENERATION:
-        problems.append(f"stages.{name}.data.prompts: trainer {stage.trainer!r} reads a dataset, not prompts")
+    if stage.data is not None and contract.acquisition is Acquisition.DATASET:
+        if stage.data.prompts:
+            problems.append(f"stages.{name}.data.prompts: trainer {stage.trainer!r} reads a dataset, not prompts")
+        dataset = datasets.get(stage.data.dataset)
+        if dataset is not None and dataset.source == "prompt-files":
+            problems.append(
+                f"stages.{name}.data.dataset: trainer {stage.trainer!r} trains on images, and "
+                f"{stage.data.dataset!r} holds prompts only"
+            )
     if contract.feedback is Feedback.RUNTIME_REWARD and not stage.rewards:
         problems.append(f"stages.{name}.rewards: trainer {stage.trainer!r} needs at least one reward")
     for i, reward in enumerate(stage.rewards):
