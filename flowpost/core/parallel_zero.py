@@ -4,7 +4,7 @@ Forwards call the module directly, as in the other layouts. DeepSpeed's engine o
 (its hooks reduce-scatter each backward's gradients into this rank's partition, so every rank runs
 every backward) and the step (clipping, AdamW on the partition, all-gather of the new weights).
 Checkpoints hold the whole optimizer state in ``torch.optim.AdamW``'s layout, gathered and
-scattered collectively, so a ZeRO-2 stage resumes under another world size.
+scattered collectively, like the whole tensors of the other layouts' checkpoints.
 """
 
 from __future__ import annotations
