@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flowpost.core.config.schema import DEEPSPEED_INSTALL
 from flowpost.core.parallel import Replicated
 from flowpost.errors import FlowpostError
 
@@ -31,9 +32,7 @@ def import_deepspeed() -> ModuleType:
         import deepspeed.ops
     except ImportError:
         raise FlowpostError(
-            "launch.backend 'deepspeed-zero2' needs DeepSpeed: "
-            "DS_BUILD_OPS=0 pip install --no-build-isolation 'flowpost[deepspeed]'",
-            where="launch.backend",
+            f"launch.backend 'deepspeed-zero2' needs DeepSpeed: {DEEPSPEED_INSTALL}", where="launch.backend"
         ) from None
     # The shared-memory collective serves inference only and would be compiled at start-up.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

@@ -131,6 +131,9 @@ class CallbacksConfig(StrictModel):
     trackers: list[Literal["tensorboard", "dvclive", "wandb"]] = Field(default_factory=list)
 
 
+DEEPSPEED_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'flowpost[deepspeed]'"
+
+
 def deepspeed_installed() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
 
@@ -148,10 +151,7 @@ class LaunchConfig(StrictModel):
     @model_validator(mode="after")
     def _available(self) -> LaunchConfig:
         if self.backend == "deepspeed-zero2" and self.num_processes > 1 and not deepspeed_installed():
-            raise ValueError(
-                "backend 'deepspeed-zero2' needs DeepSpeed: "
-                "DS_BUILD_OPS=0 pip install --no-build-isolation 'flowpost[deepspeed]', or use ddp or fsdp2"
-            )
+            raise ValueError(f"backend 'deepspeed-zero2' needs DeepSpeed: {DEEPSPEED_INSTALL}, or use ddp or fsdp2")
         if self.mixed_precision != "no":
             raise ValueError("mixed precision is not available in this version; set mixed_precision: 'no'")
         return self
