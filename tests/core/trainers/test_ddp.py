@@ -157,6 +157,38 @@ def test_ddp_a_failing_rank_fails_the_stage_naming_that_rank(tmp_path, data_dirs
     assert not (tmp_path / "bad" / "final").exists()
 
 
+def _rank_pid(spec_path: Path, rank: int) -> int:
+    """The process running stage rank ``rank`` of the stage whose spec is ``spec_path``."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(spec_path) in cmdline.read_bytes().decode(errors="replace"):
+                if f"\0RANK={rank}\0".encode() in b"\0" + (cmdline.parent / "environ").read_bytes():
+                    return int(cmdline.parent.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process runs rank {rank} of {spec_path}")
+
+
+def test_ddp_a_rank_killed_by_a_signal_fails_the_stage_showing_every_rank_log(tmp_path, data_dirs, json_server) -> None:
+    out = tmp_path / "killed"
+
+    def kill_rank_one_at_group_one(request: dict) -> tuple[int, dict]:
+        if any(m["group_id"] == 1 for m in request["metadata"]):  # only rank 1 scores group 1
+            os.kill(_rank_pid(out / "stage.json", 1), signal.SIGKILL)  # as a native abort would end it
+            return 503, {"error": "the rank is gone"}
+        return 200, {"scores": [float(len(p)) for p in request["prompts"]]}
+
+    with json_server(kill_rank_one_at_group_one) as url:
+        reward = {"name": "remote", "options": {"url": url, "retries": 0}}
+        spec = _spec(out, data_dirs, "grpo", GRPO, 2, sampling={"steps": 3}, rewards=[reward])
+        with pytest.raises(FlowpostError, match=r"exited with code") as failure:
+            run_training(spec)
+    message = str(failure.value)
+    assert "Signals.SIGKILL" in message or "exitcode: -9" in message  # the launcher's account
+    assert "--- rank-0.log ---" in message and "--- rank-1.log ---" in message
+    assert not (out / "final").exists()
+
+
 @pytest.mark.slow
 def test_resume_ddp_checkpoint_with_a_different_world_size_warns_and_continues(tmp_path, data_dirs) -> None:
     straight = run_training(_spec(tmp_path / "straight", data_dirs, "sft", SFT, 1))
