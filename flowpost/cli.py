@@ -346,8 +346,9 @@ def _print_event(event: dict) -> None:
         typer.echo(f"resuming from {event['resumed_from']} (step {event['step']})")
         if event.get("resumed_with_ranks_from"):
             typer.echo(
-                f"warning: checkpointed with {event['resumed_with_ranks_from']} processes, resuming with "
-                f"{event['ranks']}: same global batches, not bit-identical to an uninterrupted run"
+                f"warning: checkpointed with {event['resumed_with_ranks_from']} {event['resumed_with_layout_from']} "
+                f"process(es), resuming with {event['ranks']}: same global batches, not bit-identical to an "
+                "uninterrupted run"
             )
     elif event.get("event") in ("step", "checkpoint", "done"):
         typer.echo(f"{event['event']} {event.get('step', '')} {event.get('metrics', event.get('path', ''))}")

@@ -19,6 +19,13 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def leave_process_group() -> None:
+    """Wait for every rank, then close the process group, so no rank exits while a peer still talks to it."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def broadcast_module(module: nn.Module, *, src: int = 0) -> None:
     """Give every rank rank ``src``'s parameters and buffers."""
     if not is_distributed():

@@ -19,6 +19,7 @@ from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import TrackingCallback
 from flowpost.core.callbacks.validation import ValidationCallback
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConfig
+from flowpost.core.distributed import leave_process_group
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import NULL_PROMPT, ModelAdapter
 from flowpost.core.models.registry import adapter_class, load_adapter
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     num_processes = spec.num_processes
     started_by_torchrun = "RANK" in os.environ
     if num_processes > 1 and not started_by_torchrun:
-        return launch_ranks(argv[0], num_processes)
+        return launch_ranks(argv[0], spec.output_dir, num_processes)
     rank = int(os.environ.get("RANK", 0))
     if started_by_torchrun:
         _redirect_output(rank_log(spec.output_dir, rank))
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     log.info("stage finished at %s", progress)
+    leave_process_group()
     return 0
 
 

@@ -3,8 +3,8 @@
 DeepSpeed ZeRO-2 (``flowpost.core.parallel_zero``) is a third layout. The trainer asks its layout
 for everything that differs between them: preparing the module and optimizer, backward and
 synchronising gradients, clipping, checking the ranks agree, and moving whole weights in and out for
-checkpoints and the final folders. Checkpoints always hold whole tensors, so a stage resumes
-under another world size of the same layout.
+checkpoints and the final folders. Checkpoints always hold whole tensors, the optimizer state keyed
+by parameter name, so a stage resumes under any world size and any layout.
 """
 
 from __future__ import annotations
@@ -64,7 +64,11 @@ class Replicated:
         return model.state_dict()
 
     def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        return optimizer.state_dict()
+        """The whole optimizer state keyed by parameter name (every layout's checkpoint format)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(model, optimizer, options=options)
 
     def snapshot_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return tensors
@@ -73,7 +77,9 @@ class Replicated:
         model.load_state_dict(state)
 
     def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        optimizer.load_state_dict(state)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     def snapshot_from_state(self, tensors: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
         return tensors
@@ -127,12 +133,6 @@ class Sharded(Replicated):
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_optimizer_state_dict(model, optimizer, options=options)
-
     def snapshot_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         from torch.distributed.tensor import DTensor
 
@@ -142,11 +142,6 @@ class Sharded(Replicated):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
-
-    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
     def snapshot_from_state(self, tensors: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
         from torch.distributed.tensor import DTensor, distribute_tensor

@@ -3,8 +3,8 @@
 Forwards call the module directly, as in the other layouts. DeepSpeed's engine owns the backward
 (its hooks reduce-scatter each backward's gradients into this rank's partition, so every rank runs
 every backward) and the step (clipping, AdamW on the partition, all-gather of the new weights).
-Checkpoints hold the whole optimizer state in ``torch.optim.AdamW``'s layout, gathered and
-scattered collectively, like the whole tensors of the other layouts' checkpoints.
+Checkpoints hold the whole AdamW state keyed by parameter name, gathered and scattered
+collectively, as the other layouts write it.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class ZeroPartitioned(Replicated):
             config=engine_config(accelerator.num_processes),
             dist_init_required=False,
         )
-        self._trainable = [p for p in model.parameters() if p.requires_grad]
+        self._trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
         return EngineOptimizer(self.engine, optimizer)
 
     def backward(self, loss: torch.Tensor, accelerator: Any) -> None:
@@ -102,18 +102,19 @@ class ZeroPartitioned(Replicated):
         return {} if norm is None else {"grad_norm": float(norm)}
 
     def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """AdamW's ``state_dict`` for the whole model (collective: each moment is gathered)."""
+        """The whole model's AdamW state keyed by parameter name, as every layout writes it
+        (collective: each moment is gathered)."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
         partitions = self.engine.optimizer.single_partition_of_fp32_groups
         step = optimizer.state.get(partitions[0], {}).get("step")
         state = {}
         if step is not None:
-            for index, param in enumerate(self._trainable):
+            for name, param in self._trainable.items():
                 moments = {key: safe_get_full_optimizer_state(param, key).detach().cpu() for key in MOMENTS}
-                state[index] = {"step": step.detach().clone().cpu(), **moments}
+                state[name] = {"step": step.detach().clone().cpu(), **moments}
         groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-        groups[0]["params"] = list(range(len(self._trainable)))
+        groups[0]["params"] = list(self._trainable)
         return {"state": state, "param_groups": groups}
 
     def load_model_state(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -121,7 +122,7 @@ class ZeroPartitioned(Replicated):
         from deepspeed.utils import safe_set_full_fp32_param
 
         model.load_state_dict(state)
-        for param in self._trainable:
+        for param in self._trainable.values():
             safe_set_full_fp32_param(param, param.detach())
 
     def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -136,6 +137,6 @@ class ZeroPartitioned(Replicated):
         for partition in zero.single_partition_of_fp32_groups:  # AdamW creates its state lazily
             optimizer.state[partition] = {"step": step.clone(), **{k: torch.zeros_like(partition) for k in MOMENTS}}
         zero._lazy_init_hp_params_optimizer_state()
-        for index, param in enumerate(self._trainable):
+        for name, param in self._trainable.items():
             for key in MOMENTS:
-                safe_set_full_optimizer_state(param, state["state"][index][key].to(param.device), key)
+                safe_set_full_optimizer_state(param, state["state"][name][key].to(param.device), key)

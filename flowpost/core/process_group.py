@@ -80,15 +80,29 @@ def torchrun_arguments(spec_path: str | Path, num_processes: int, topology: Topo
     return [*rendezvous, f"--nproc-per-node={per_machine}", "-m", "flowpost.core.launch", str(spec_path)]
 
 
-def launch_ranks(spec_path: str | Path, num_processes: int) -> int:
-    """Run this machine's ranks to completion; 0 when all succeeded."""
+def launch_ranks(spec_path: str | Path, output_dir: str | Path, num_processes: int) -> int:
+    """Run this machine's ranks to completion; 0 when all succeeded.
+
+    A rank killed by a signal (a native abort, the OOM killer) records nothing itself: its failure
+    is recorded here, so the orchestrator names it rather than the peers that lost their connection.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # ranks follow this process, as it follows its parent
     try:
         torchrun(torchrun_arguments(spec_path, num_processes, Topology.from_env()))
-    except ChildFailedError:
+    except ChildFailedError as failed:
+        for rank, failure in failed.failures.items():
+            # SIGTERM is torchrun's own: it ends the surviving ranks once one has failed
+            if (
+                failure.exitcode < 0
+                and failure.signal_name() != "SIGTERM"
+                and not rank_error(output_dir, rank).exists()
+            ):
+                name = failure.signal_name()
+                message = f"killed by {name} (no Python error: a native crash, the out-of-memory killer or a kill)"
+                _write_rank_error(output_dir, rank, message, signal=name)
         return 1
     return 0
 
@@ -104,7 +118,14 @@ def rank_error(output_dir: str | Path, rank: int) -> Path:
 def record_rank_failure(output_dir: str | Path, rank: int, exc: BaseException) -> None:
     """Leave the rank's error where the orchestrator looks for it (JSON: message, transient)."""
     text = str(exc) if isinstance(exc, FlowpostError) else "".join(traceback.format_exception(exc))
-    write_json_atomic(rank_error(output_dir, rank), {"message": text, "transient": isinstance(exc, TransientError)})
+    _write_rank_error(output_dir, rank, text, transient=isinstance(exc, TransientError))
+
+
+def _write_rank_error(
+    output_dir: str | Path, rank: int, message: str, *, transient: bool = False, signal: str | None = None
+) -> None:
+    record = {"message": message, "transient": transient, **({"signal": signal} if signal else {})}
+    write_json_atomic(rank_error(output_dir, rank), record)
 
 
 def rank_failure(output_dir: str | Path, rank: int) -> FlowpostError:
@@ -119,9 +140,13 @@ def rank_failure(output_dir: str | Path, rank: int) -> FlowpostError:
 
 
 def failed_ranks(output_dir: str | Path) -> list[int]:
-    """Ranks that recorded a failure, first failure first (a rank's failure ends its peers' collectives)."""
-    found = [
-        (path.stat().st_mtime_ns, int(path.stem.removeprefix("rank-")))
-        for path in Path(output_dir, "logs").glob("rank-*.error")
-    ]
-    return [rank for _, rank in sorted(found)]
+    """Ranks that recorded a failure, the cause first: ranks killed by a signal, then by first failure
+    (a rank's failure ends its peers' collectives, and they record their lost connections)."""
+    found = []
+    for path in Path(output_dir, "logs").glob("rank-*.error"):
+        try:
+            signalled = "signal" in read_json(path, what="rank error")
+        except FlowpostError:
+            signalled = False
+        found.append((not signalled, path.stat().st_mtime_ns, int(path.stem.removeprefix("rank-"))))
+    return [rank for *_, rank in sorted(found)]

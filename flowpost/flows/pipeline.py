@@ -67,9 +67,10 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
                 logger.info("%s resumes from %s (step %d)", node_id, event["resumed_from"], event["step"])
                 if event.get("resumed_with_ranks_from"):
                     logger.warning(
-                        "%s was checkpointed with %d processes and resumes with %d (not bit-identical)",
+                        "%s was checkpointed with %d %s process(es) and resumes with %d (not bit-identical)",
                         node_id,
                         event["resumed_with_ranks_from"],
+                        event["resumed_with_layout_from"],
                         event["ranks"],
                     )
             state["artifact"] = create_progress_artifact(

@@ -116,8 +116,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
         )
     if process.returncode != 0:
         raise FlowpostError(
-            f"stage {spec.stage!r} exited with code {process.returncode}; last log lines:\n{_tail(log_path)}"
-            + (_rank_tails(out) if multi else ""),
+            f"stage {spec.stage!r} exited with code {process.returncode}; last log lines:\n{_tail(log_path)}",
             where=str(log_path),
         )
     done = [e for e in read_events(events_path)[attempt_start:] if e.get("event") == "done"]
@@ -137,12 +136,6 @@ def threads_per_process(spec: StageSpec) -> int:
 
 def _tail(log_path: Path, lines: int = 15) -> str:
     return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def _rank_tails(out: Path, lines: int = 10) -> str:
-    """Each rank's last log lines: a rank killed by a signal (an abort in native code) records no error."""
-    logs = sorted(Path(out, "logs").glob("rank-*.log"), key=lambda path: int(path.stem.removeprefix("rank-")))
-    return "".join(f"\n--- {path.name} ---\n{_tail(path, lines)}" for path in logs)
 
 
 def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:

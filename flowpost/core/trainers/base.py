@@ -152,7 +152,7 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
             max_steps=budget,
             resumed_from=resumed,
             ranks=self.accelerator.num_processes,
-            **({"resumed_with_ranks_from": self._world_size_changed} if self._world_size_changed else {}),
+            **(self._resumed_with or {}),
         )
         if self.execution_contract.acquisition is Acquisition.DATASET:
             self._run_dataset_epochs(budget)

@@ -14,7 +14,6 @@ from flowpost.core.checkpoint import TrainingState, latest_checkpoint, load_chec
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.progress import TrainingProgress
-from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
     from flowpost.core.callbacks.base import CallbackList
@@ -42,7 +41,7 @@ class PersistenceMixin:
     scheduler: Any
     stage: str
     _saved_progress: TrainingProgress | None = None
-    _world_size_changed: int | None = None
+    _resumed_with: dict[str, Any] | None = None  # the checkpoint's world size and layout, when they differ
 
     def save_checkpoint(self) -> None:
         layout, snapshots = self.parallel, self.adapter.snapshots
@@ -73,13 +72,6 @@ class PersistenceMixin:
             return None
         state = load_checkpoint(path, verified=True)
         layout = self.parallel
-        saved_layout = state.trainer.get("layout", "replicated")
-        if saved_layout != layout.name:
-            raise FlowpostError(
-                f"checkpoint {path} holds {saved_layout} training state, this run is {layout.name} "
-                "(launch.backend); resume with the backend that wrote it, or start over with --no-resume",
-                where=f"stages.{self.stage}.launch.backend",
-            )
         layout.load_model_state(self.model, state.model)
         layout.load_optimizer_state(self.model, self.optimizer.optimizer, state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
@@ -90,15 +82,17 @@ class PersistenceMixin:
         self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
         self._saved_progress = self.progress
         log.info("resumed stage %s from %s (step %d)", self.stage, path, state.step)
-        saved_world = int(state.trainer.get("world_size", 1))
-        if saved_world != self.accelerator.num_processes:
-            self._world_size_changed = saved_world
+        saved_world, saved_layout = int(state.trainer["world_size"]), str(state.trainer["layout"])
+        if (saved_world, saved_layout) != (self.accelerator.num_processes, layout.name):
+            self._resumed_with = {"resumed_with_ranks_from": saved_world, "resumed_with_layout_from": saved_layout}
             log.warning(
-                "stage %s was checkpointed with %d processes and resumes with %d: the run continues with the "
-                "same global batches, but its numbers are no longer bit-identical to an uninterrupted run",
+                "stage %s was checkpointed with %d %s process(es) and resumes with %d %s: the run continues with "
+                "the same global batches, but its numbers are no longer bit-identical to an uninterrupted run",
                 self.stage,
                 saved_world,
+                saved_layout,
                 self.accelerator.num_processes,
+                layout.name,
             )
         return str(path)
 
