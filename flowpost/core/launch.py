@@ -67,7 +67,7 @@ def build_callbacks(config: CallbacksConfig, spec: StageSpec, inputs: StageInput
 
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
-    """A fresh model (seeded) or the stage named by ``model.init``, with LoRA when configured.
+    """A fresh model (seeded) or the stage named by ``model.init``, with LoRA and mixed precision when configured.
 
     The encoder length of the stage's condition cache (``spec.extra["encoder"]``) is recorded on
     the adapter, so the saved model encodes new prompts the way it was trained.
@@ -80,6 +80,8 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     encoder = spec.extra.get("encoder") or {}
     if encoder.get("max_length") is not None:
         adapter.encoder_max_length = int(encoder["max_length"])
+    if stage.launch.mixed_precision == "bf16":
+        adapter.compute_dtype = torch.bfloat16
     lora = stage.model.lora
     if lora is not None:
         with torch.random.fork_rng(devices=[]):  # adapters drawn from the seed alone, whatever ran before

@@ -111,7 +111,7 @@ class _DeviceRecordingAdapter(ModelAdapter):
         self.seen += [batch.token_states.device, batch.token_mask.device, batch.pooled.device]
         return _State(batch.pooled)
 
-    def velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
+    def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
         assert isinstance(state, _State)
         self.seen += [latents.device, state.pooled.device]
         self.modes.append(self.net.training)

@@ -143,7 +143,9 @@ class LaunchConfig(StrictModel):
 
     num_processes: int = Field(1, ge=1, description="processes over all machines; global batch sizes are split")
     backend: Literal["ddp", "fsdp2", "deepspeed-zero2"] = "ddp"
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no", description="bf16: the network computes under bfloat16 autocast; weights, gradients, optimizer in fp32"
+    )
     hang_timeout: float | None = Field(
         1800.0, gt=0, description="seconds without an event from the stage before it is killed as hung; null: never"
     )
@@ -152,8 +154,8 @@ class LaunchConfig(StrictModel):
     def _available(self) -> LaunchConfig:
         if self.backend == "deepspeed-zero2" and self.num_processes > 1 and not deepspeed_installed():
             raise ValueError(f"backend 'deepspeed-zero2' needs DeepSpeed: {DEEPSPEED_INSTALL}, or use ddp or fsdp2")
-        if self.mixed_precision != "no":
-            raise ValueError("mixed precision is not available in this version; set mixed_precision: 'no'")
+        if self.mixed_precision == "fp16":
+            raise ValueError("fp16 needs loss scaling, which flowpost does not do; use mixed_precision: bf16")
         return self
 
 

@@ -72,6 +72,7 @@ class ModelAdapter(ABC):
     family: ClassVar[str]
     encoder_name: str
     encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH
+    compute_dtype: torch.dtype | None = None  # autocast dtype of the network (mixed precision); None: none
 
     @classmethod
     @abstractmethod
@@ -132,9 +133,21 @@ class ModelAdapter(ABC):
     def decode(self, latents: Tensor) -> Tensor:
         """Latents to media in [0, 1]."""
 
-    @abstractmethod
     def velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
-        """One conditional velocity prediction; ``sigma`` is a scalar or per-sample [B]."""
+        """One conditional velocity prediction in the latents' dtype; ``sigma`` is a scalar or per-sample [B].
+
+        With ``compute_dtype`` set (``launch.mixed_precision``) the network runs under autocast in
+        that dtype, while weights, gradients and the returned velocity stay in the latents' dtype.
+        """
+        if self.compute_dtype is None:
+            return self.predict_velocity(latents, sigma, state)
+        with torch.autocast(latents.device.type, dtype=self.compute_dtype):
+            velocity = self.predict_velocity(latents, sigma, state)
+        return velocity.to(latents.dtype)
+
+    @abstractmethod
+    def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
+        """The network's velocity prediction (``velocity`` adds mixed precision around it)."""
 
     def forward(
         self,

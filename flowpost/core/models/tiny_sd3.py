@@ -146,7 +146,7 @@ class TinySD3Adapter(ModelAdapter):
     def decode(self, latents: Tensor) -> Tensor:
         return ((latents.float() + 1.0) / 2.0).clamp(0.0, 1.0)
 
-    def velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
+    def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
         assert isinstance(state, TinySD3State)
         sigma = torch.as_tensor(sigma, dtype=latents.dtype).expand(latents.shape[0])
         return self.transformer(

@@ -227,6 +227,14 @@ def test_zero2_without_deepspeed_says_how_to_install_it(monkeypatch: pytest.Monk
     assert "stages.sft.launch" in message and "pip install" in message and "flowpost[deepspeed]" in message
 
 
+def test_bf16_is_accepted_and_fp16_says_to_use_bf16() -> None:
+    assert (
+        load_pipeline(None, ["stages.sft.launch.mixed_precision=bf16"]).stages["sft"].launch.mixed_precision == "bf16"
+    )
+    message = _error(["stages.sft.launch.mixed_precision=fp16"])
+    assert "stages.sft.launch" in message and "mixed_precision: bf16" in message
+
+
 def test_two_processes_split_the_default_batches() -> None:
     pipeline = load_pipeline(None, ["stages.sft.launch.num_processes=2", "stages.grpo.launch.num_processes=2"])
     assert pipeline.stages["grpo"].launch.num_processes == 2

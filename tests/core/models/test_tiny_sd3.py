@@ -293,3 +293,18 @@ def test_encode_and_decode_invert_each_other(adapter: TinySD3Adapter) -> None:
 def test_decode_clamps_to_unit_interval(adapter: TinySD3Adapter) -> None:
     latents = torch.tensor([-3.0, -1.0, 0.0, 1.0, 2.5])
     torch.testing.assert_close(adapter.decode(latents), torch.tensor([0.0, 0.0, 0.5, 1.0, 1.0]))
+
+
+def test_bf16_compute_keeps_fp32_weights_gradients_and_velocity() -> None:
+    full, mixed = _adapter(), _adapter()
+    mixed.compute_dtype = torch.bfloat16
+    latents, sigma, state = _inputs(full)
+    expected = full.velocity(latents, sigma, state)
+    actual = mixed.velocity(latents, sigma, state)
+    assert actual.dtype == torch.float32 and not torch.equal(actual, expected)  # computed in bf16, returned in fp32
+    torch.testing.assert_close(actual, expected, rtol=0.05, atol=0.05)
+    actual.square().mean().backward()
+    params = list(mixed.module().parameters())
+    assert all(p.dtype == torch.float32 for p in params)
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in params)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
