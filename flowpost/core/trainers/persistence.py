@@ -14,6 +14,7 @@ from flowpost.core.checkpoint import TrainingState, latest_checkpoint, load_chec
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.progress import TrainingProgress
+from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
     from flowpost.core.callbacks.base import CallbackList
@@ -72,6 +73,12 @@ class PersistenceMixin:
             return None
         state = load_checkpoint(path, verified=True)
         layout = self.parallel
+        if any(not isinstance(key, str) for key in state.optimizer["state"]):
+            raise FlowpostError(
+                f"checkpoint {path} keys its optimizer state by position, as flowpost did before it keyed it by "
+                "parameter name; start the stage over with --no-resume",
+                where=str(path),
+            )
         layout.load_model_state(self.model, state.model)
         layout.load_optimizer_state(self.model, self.optimizer.optimizer, state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)

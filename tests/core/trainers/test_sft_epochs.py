@@ -85,3 +85,18 @@ def test_final_weights_and_events_are_written(make_trainer, tmp_path):
 def test_keep_last_leaves_only_the_newest_checkpoints(make_trainer, tmp_path):
     make_trainer(tmp_path, max_steps=4, checkpoint_every=1, keep_last=2).start()
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-3", "step-4"]
+
+
+def test_a_checkpoint_with_position_keyed_optimizer_state_is_refused_with_a_way_out(make_trainer, tmp_path):
+    import dataclasses
+
+    from flowpost.core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from flowpost.errors import FlowpostError
+
+    make_trainer(tmp_path, max_steps=1, checkpoint_every=1).start()
+    state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"), verified=True)
+    named = state.optimizer
+    by_position = {"state": dict(enumerate(named["state"].values())), "param_groups": named["param_groups"]}
+    save_checkpoint(tmp_path / "checkpoints", dataclasses.replace(state, step=2, optimizer=by_position))
+    with pytest.raises(FlowpostError, match="by position.*--no-resume"):
+        make_trainer(tmp_path, max_steps=3, checkpoint_every=1).start()
