@@ -147,12 +147,42 @@ def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the stage's process group, SIGKILL it after 10 s; return once no member is alive."""
+    deadline = time.monotonic() + 10
+    _signal_group(process.pid, signal.SIGTERM)
+    while _group_alive(process.pid) and time.monotonic() < deadline:
+        process.poll()  # reap the leader as soon as it exits
+        time.sleep(0.02)
+    if _group_alive(process.pid):
+        _signal_group(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            process.poll()
+            time.sleep(0.02)
+    process.wait()
+
+
+def _signal_group(group: int, sig: signal.Signals) -> None:
     try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of ``group`` is still running (zombies awaiting their reaper do not count)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():  # no way to tell zombies apart: the group is alive
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
         try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(group) and fields[0] != "Z":  # after the command: state, ppid, pgrp
+            return True
+    return False
