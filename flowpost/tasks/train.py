@@ -148,17 +148,16 @@ def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM the stage's process group, SIGKILL it after 10 s; return once no member is alive."""
-    deadline = time.monotonic() + 10
-    _signal_group(process.pid, signal.SIGTERM)
-    while _group_alive(process.pid) and time.monotonic() < deadline:
-        process.poll()  # reap the leader as soon as it exits
-        time.sleep(0.02)
-    if _group_alive(process.pid):
-        _signal_group(process.pid, signal.SIGKILL)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_group(process.pid, sig)
         deadline = time.monotonic() + 10
-        while _group_alive(process.pid) and time.monotonic() < deadline:
-            process.poll()
+        while alive := _group_alive(process.pid):
+            if time.monotonic() > deadline:
+                break
+            process.poll()  # reap the leader as soon as it exits
             time.sleep(0.02)
+        if not alive:
+            break
     process.wait()
 
 
