@@ -94,13 +94,9 @@ def launch_ranks(spec_path: str | Path, output_dir: str | Path, num_processes: i
         torchrun(torchrun_arguments(spec_path, num_processes, Topology.from_env()))
     except ChildFailedError as failed:
         for rank, failure in failed.failures.items():
+            name = failure.signal_name() if failure.exitcode < 0 else None
             # SIGTERM is torchrun's own: it ends the surviving ranks once one has failed
-            if (
-                failure.exitcode < 0
-                and failure.signal_name() != "SIGTERM"
-                and not rank_error(output_dir, rank).exists()
-            ):
-                name = failure.signal_name()
+            if name not in (None, "SIGTERM") and not rank_error(output_dir, rank).exists():
                 message = f"killed by {name} (no Python error: a native crash, the out-of-memory killer or a kill)"
                 _write_rank_error(output_dir, rank, message, signal=name)
         return 1
