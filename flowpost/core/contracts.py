@@ -30,16 +30,10 @@ class Paradigm(StrEnum):
 
 @dataclass(frozen=True)
 class ExecutionContract:
-    """The pair (acquisition, feedback) that fixes which hooks a trainer implements."""
+    """The pair (acquisition, feedback); the acquisition fixes the trainer type (dataset or generation)."""
 
     acquisition: Acquisition
     feedback: Feedback
-
-    def required_hooks(self) -> tuple[str, ...]:
-        """Names of the trainer methods this contract requires."""
-        if self.acquisition is Acquisition.DATASET:
-            return ("optimize_batch",)
-        return ("sample", "optimize")
 
     def __str__(self) -> str:
         return f"{self.acquisition.value}+{self.feedback.value}"

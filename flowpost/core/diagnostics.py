@@ -9,6 +9,7 @@ import torch
 from flowpost.core.contracts import Feedback
 from flowpost.core.noise import addressed_generator
 from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.rl.grpo import GRPOTrainer
 from flowpost.errors import FlowpostError
 
 RATIO_TOLERANCE = 1e-5
@@ -17,7 +18,7 @@ RATIO_TOLERANCE = 1e-5
 def check_consistency(trainer: BaseTrainer) -> dict[str, Any]:
     """One rollout, then a replay exactly as training does it: its first shuffled micro-batch, the
     model in training mode, its dtype. Before any update the PPO ratio must be 1."""
-    if not hasattr(trainer, "replay_log_probs"):
+    if not isinstance(trainer, GRPOTrainer):
         raise FlowpostError(
             f"trainer {type(trainer).__name__} does not replay rollout log-probabilities (not a coupled trainer)",
             where=f"stages.{trainer.stage}.trainer",
@@ -25,7 +26,7 @@ def check_consistency(trainer: BaseTrainer) -> dict[str, Any]:
     trainer.model.train()
     rollout = trainer.sample()
     if trainer.execution_contract.feedback is Feedback.RUNTIME_REWARD:
-        trainer.score(rollout)
+        trainer.rollouts.score(rollout)
     local_batch = max(trainer.args.train_batch_size // trainer.accelerator.num_processes, 1)
     generator = addressed_generator(trainer.spec.seed, trainer.stage, trainer.progress.rollout_iteration, 0, "shuffle")
     rows = torch.randperm(len(rollout), generator=generator)[:local_batch].tolist()

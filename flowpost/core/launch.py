@@ -6,6 +6,7 @@ This is the composition root of a stage process: the one core module that opens 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -17,9 +18,9 @@ from flowpost.core.callbacks.base import Callback
 from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import TrackingCallback
-from flowpost.core.callbacks.validation import ValidationCallback
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConfig
 from flowpost.core.distributed import leave_process_group
+from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import NULL_PROMPT, ModelAdapter
 from flowpost.core.models.registry import adapter_class, load_adapter
@@ -39,31 +40,34 @@ PR_SET_PDEATHSIG = 1
 PARENT_GONE = 3  # exit code when the orchestrator died before this process could follow it
 
 
-def build_callbacks(config: CallbacksConfig, spec: StageSpec, inputs: StageInputs) -> list[Callback]:
-    """Callbacks in a fixed order: clipping, EMA, validation, tracking."""
-    out = Path(spec.output_dir)
-    callbacks: list[Callback] = []
+def build_callbacks(config: CallbacksConfig, spec: StageSpec) -> dict[str, Callback]:
+    """Callbacks by their ``callbacks:`` key, in a fixed order: clipping, EMA, tracking."""
+    callbacks: dict[str, Callback] = {}
     if config.grad_clip is not None:
-        callbacks.append(GradClipCallback(max_norm=config.grad_clip.max_norm))
+        callbacks["grad_clip"] = GradClipCallback(max_norm=config.grad_clip.max_norm)
     if config.ema is not None:
-        callbacks.append(EMACallback(**config.ema.model_dump()))
-    if config.validation is not None:
-        conditions = inputs.require("conditions", where=f"stages.{spec.stage}.callbacks.validation")
-        callbacks.append(
-            ValidationCallback(
-                every=config.validation.every,
-                prompts=config.validation.prompts,
-                conditions=conditions.lookup(config.validation.prompts),
-                negative=conditions.lookup([NULL_PROMPT]),
-                samples_per_prompt=config.validation.samples_per_prompt,
-                steps=config.validation.steps,
-                guidance=config.validation.guidance,
-                out_dir=out / "validation",
-            )
-        )
+        callbacks["ema"] = EMACallback(**config.ema.model_dump())
     if config.trackers:
-        callbacks.append(TrackingCallback(list(config.trackers), out / "logs"))
+        callbacks["trackers"] = TrackingCallback(list(config.trackers), Path(spec.output_dir) / "logs")
     return callbacks
+
+
+def build_validation(config: CallbacksConfig, spec: StageSpec, inputs: StageInputs) -> ValidationGrid | None:
+    """The periodic validation grid of ``callbacks.validation`` (None when absent)."""
+    validation = config.validation
+    if validation is None:
+        return None
+    conditions = inputs.require("conditions", where=f"stages.{spec.stage}.callbacks.validation")
+    return ValidationGrid(
+        every=validation.every,
+        prompts=validation.prompts,
+        conditions=conditions.lookup(validation.prompts),
+        negative=conditions.lookup([NULL_PROMPT]),
+        samples_per_prompt=validation.samples_per_prompt,
+        steps=validation.steps,
+        guidance=validation.guidance,
+        out_dir=Path(spec.output_dir) / "validation",
+    )
 
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
@@ -116,15 +120,16 @@ def build_trainer(spec: StageSpec) -> BaseTrainer:
     trainer_cls = trainer_class(stage.trainer, where=f"stages.{spec.stage}.trainer")  # before any model loads
     inputs = load_stage_inputs(spec)
     adapter = build_adapter(stage, spec)
-    callbacks = build_callbacks(stage.callbacks, spec, inputs)
+    rewards = build_rewards(stage.rewards, spec, inputs)
     return trainer_cls(
         spec=spec,
         args=args,
         adapter=adapter,
         inputs=inputs,
-        callbacks=callbacks,
+        callbacks=build_callbacks(stage.callbacks, spec),
+        validation=build_validation(stage.callbacks, spec, inputs),
         sampling=stage.sampling,
-        rewards=build_rewards(stage.rewards, spec, inputs),
+        **({"rewards": rewards} if rewards is not None else {}),
     )
 
 
@@ -183,7 +188,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log.info("stage finished at %s", progress)
     leave_process_group()
+    if started_by_torchrun:
+        _exit_without_teardown()
     return 0
+
+
+def _exit_without_teardown() -> None:
+    """End a finished rank now, skipping interpreter and C++ static teardown.
+
+    Everything the rank writes is atomic and already on disk; what is left at exit are the
+    communication libraries' worker threads, whose destruction can abort the process
+    (``terminate called without an active exception``) and fail a stage that succeeded.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, ClassVar
 
 import pytest
@@ -15,14 +16,10 @@ from flowpost.core.contracts import (
     Paradigm,
 )
 from flowpost.core.progress import TrainingProgress
-from flowpost.core.trainers.arguments import TrainerArguments
-from flowpost.core.trainers.base import BaseTrainer
-from flowpost.core.trainers.registry import (
-    TRAINERS,
-    arguments_class,
-    check_contracts,
-    trainer_class,
-)
+from flowpost.core.trainers.arguments import DatasetArguments, OnlineArguments
+from flowpost.core.trainers.dataset import DatasetTrainer
+from flowpost.core.trainers.generation import GenerationTrainer
+from flowpost.core.trainers.registry import TRAINERS, arguments_class, trainer_class
 from flowpost.errors import FlowpostError
 
 # -- contracts ------------------------------------------------------------------------------------
@@ -36,159 +33,93 @@ def test_named_contracts_pair_acquisition_and_feedback() -> None:
     assert str(ONLINE_EXECUTION_CONTRACT) == "generation+runtime_reward"
 
 
-@pytest.mark.parametrize(
-    ("contract", "hooks"),
-    [
-        (OFFLINE_EXECUTION_CONTRACT, ("optimize_batch",)),
-        (ONLINE_EXECUTION_CONTRACT, ("sample", "optimize")),
-        (ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT, ("sample", "optimize")),
-    ],
-)
-def test_required_hooks_per_contract(contract: ExecutionContract, hooks: tuple[str, ...]) -> None:
-    assert contract.required_hooks() == hooks
-
-
 def test_contract_is_frozen_and_hashable() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         OFFLINE_EXECUTION_CONTRACT.acquisition = Acquisition.GENERATION  # type: ignore[misc]
     assert len({OFFLINE_EXECUTION_CONTRACT, ExecutionContract(Acquisition.DATASET, Feedback.NONE)}) == 1
 
 
-# -- BaseTrainer.__init_subclass__ ----------------------------------------------------------------
+# -- the contract is the type ---------------------------------------------------------------------
 
 
-def test_dataset_trainer_without_optimize_batch_is_rejected_at_definition() -> None:
-    with pytest.raises(TypeError, match="optimize_batch"):
-
-        class NoBatch(BaseTrainer):
-            execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
-            paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
-
-
-@pytest.mark.parametrize("contract", [ONLINE_EXECUTION_CONTRACT, ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT])
-def test_generation_trainer_missing_sample_is_rejected(contract: ExecutionContract) -> None:
-    with pytest.raises(TypeError, match="sample"):
-
-        class OnlyOptimize(BaseTrainer):
-            execution_contract: ClassVar[ExecutionContract] = contract
-            paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
-
-            def optimize(self, samples: list[Any]) -> None:
-                return None
-
-
-def test_generation_trainer_missing_optimize_is_rejected() -> None:
-    with pytest.raises(TypeError, match=r"missing \['optimize'\]"):
-
-        class OnlySample(BaseTrainer):
-            execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
-            paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
-
-            def sample(self) -> list[Any]:
-                return []
-
-
-def test_dataset_trainer_that_also_defines_optimize_is_rejected() -> None:
-    with pytest.raises(TypeError, match="another contract"):
-
-        class Both(BaseTrainer):
-            execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
-            paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
-
-            def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-                return {}
-
-            def optimize(self, samples: list[Any]) -> None:
-                return None
-
-
-def test_generation_trainer_that_also_defines_optimize_batch_is_rejected() -> None:
-    with pytest.raises(TypeError, match="optimize_batch"):
-
-        class Both(BaseTrainer):
-            execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
-            paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
-
-            def sample(self) -> list[Any]:
-                return []
-
-            def optimize(self, samples: list[Any]) -> None:
-                return None
-
-            def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-                return {}
-
-
-def test_correct_subclasses_define_fine() -> None:
-    class Offline(BaseTrainer):
-        execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
-        paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
-
-        def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-            return {}
-
-    class Online(BaseTrainer):
-        execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
-        paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
-
-        def sample(self) -> list[Any]:
-            return []
-
-        def optimize(self, samples: list[Any]) -> None:
-            return None
-
-    assert Offline.execution_contract.required_hooks() == ("optimize_batch",)
-    assert Online.optimize is not BaseTrainer.optimize
-
-
-# -- registry -------------------------------------------------------------------------------------
-
-
-def _arguments(contract: ExecutionContract, kind: Paradigm) -> type[TrainerArguments]:
-    class MismatchArguments(TrainerArguments):
-        execution_contract: ClassVar[ExecutionContract] = contract
-        paradigm: ClassVar[Paradigm] = kind
-
-    return MismatchArguments
-
-
-class _OfflineDecoupled(BaseTrainer):
-    execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
+class _DecoupledDataset(DatasetArguments):
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
-    def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {}
+
+class _DecoupledOnline(OnlineArguments):
+    paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
 
-def test_check_contracts_accepts_matching_pair() -> None:
-    check_contracts(_OfflineDecoupled, _arguments(OFFLINE_EXECUTION_CONTRACT, Paradigm.DECOUPLED))
+def test_a_trainer_takes_its_contract_and_paradigm_from_its_arguments() -> None:
+    class Offline(DatasetTrainer):
+        Arguments = _DecoupledDataset
+
+        def build_loader(self) -> Any: ...
+        def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Any]: ...
+
+    assert Offline.execution_contract == OFFLINE_EXECUTION_CONTRACT
+    assert Offline.paradigm is Paradigm.DECOUPLED
+    assert not inspect.isabstract(Offline)
 
 
-def test_check_contracts_rejects_different_execution_contract() -> None:
-    args = _arguments(ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT, Paradigm.DECOUPLED)
-    with pytest.raises(FlowpostError) as info:
-        check_contracts(_OfflineDecoupled, args, where="stages.x.trainer")
-    message = str(info.value)
-    assert "_OfflineDecoupled" in message and "MismatchArguments" in message
-    assert "execution_contract" in message
-    assert info.value.where == "stages.x.trainer"
+@pytest.mark.parametrize(
+    ("base", "hooks"),
+    [(DatasetTrainer, {"build_loader", "optimize_batch"}), (GenerationTrainer, {"sample", "optimize"})],
+)
+def test_a_trainer_type_leaves_exactly_its_contract_hooks_abstract(base: type, hooks: set[str]) -> None:
+    assert base.__abstractmethods__ == frozenset(hooks)
 
 
-def test_check_contracts_rejects_different_paradigm() -> None:
-    args = _arguments(OFFLINE_EXECUTION_CONTRACT, Paradigm.DISTILLATION)
-    with pytest.raises(FlowpostError) as info:
-        check_contracts(_OfflineDecoupled, args)
-    message = str(info.value)
-    assert "_OfflineDecoupled" in message and "MismatchArguments" in message
-    assert "paradigm" in message and "distillation" in message and "decoupled" in message
+def test_a_dataset_trainer_without_optimize_batch_cannot_be_built() -> None:
+    class NoBatch(DatasetTrainer):
+        Arguments = _DecoupledDataset
+
+        def build_loader(self) -> Any: ...
+
+    with pytest.raises(TypeError, match="optimize_batch"):
+        NoBatch(spec=None, args=None, adapter=None)  # type: ignore[arg-type]
 
 
-def test_check_contracts_rejects_arguments_without_declarations() -> None:
-    class Bare(TrainerArguments):
+def test_a_trainer_that_declares_its_own_contract_is_rejected_at_definition() -> None:
+    with pytest.raises(TypeError, match="Arguments class only"):
+
+        class Redeclared(DatasetTrainer):
+            Arguments = _DecoupledDataset
+            execution_contract = OFFLINE_EXECUTION_CONTRACT
+
+
+@pytest.mark.parametrize(
+    ("base", "arguments", "expected"),
+    [(DatasetTrainer, _DecoupledOnline, "DatasetArguments"), (GenerationTrainer, _DecoupledDataset, "OnlineArguments")],
+)
+def test_arguments_of_the_other_trainer_type_are_rejected(base: type, arguments: type, expected: str) -> None:
+    with pytest.raises(TypeError, match=expected):
+        type("Mixed", (base,), {"Arguments": arguments})
+
+
+def test_online_arguments_declaring_the_dataset_contract_are_rejected() -> None:
+    class Confused(_DecoupledOnline):
+        execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
+
+    with pytest.raises(TypeError, match="dataset\\+none"):
+        type("Mixed", (GenerationTrainer,), {"Arguments": Confused})
+
+
+def test_arguments_without_a_paradigm_are_rejected() -> None:
+    class Bare(DatasetArguments):
         pass
 
-    with pytest.raises(FlowpostError, match="Bare"):
-        check_contracts(_OfflineDecoupled, Bare)
+    with pytest.raises(TypeError, match="Bare must declare"):
+        type("NoParadigm", (DatasetTrainer,), {"Arguments": Bare})
+
+
+@pytest.mark.parametrize("name", sorted(TRAINERS))
+def test_every_registered_trainer_is_of_the_type_its_contract_names(name: str) -> None:
+    trainer = trainer_class(name)
+    assert arguments_class(name) is trainer.Arguments
+    assert trainer.execution_contract == trainer.Arguments.execution_contract
+    expected = DatasetTrainer if trainer.execution_contract.acquisition is Acquisition.DATASET else GenerationTrainer
+    assert issubclass(trainer, expected) and not inspect.isabstract(trainer)
 
 
 def test_trainer_and_arguments_class_for_sft() -> None:
@@ -196,15 +127,15 @@ def test_trainer_and_arguments_class_for_sft() -> None:
 
     assert trainer_class("sft") is SFTTrainer
     assert arguments_class("sft") is SFTArguments
-    assert SFTTrainer.execution_contract == SFTArguments.execution_contract == OFFLINE_EXECUTION_CONTRACT
+    assert SFTTrainer.execution_contract == OFFLINE_EXECUTION_CONTRACT
 
 
 @pytest.mark.parametrize("lookup", [trainer_class, arguments_class])
-def test_unknown_trainer_lists_known_names(lookup: Any) -> None:
+def test_unknown_trainer_suggests_the_closest_name_and_lists_known_ones(lookup: Any) -> None:
     with pytest.raises(FlowpostError) as info:
-        lookup("nosuchtrainer", where="stages.a.trainer")
+        lookup("gpro", where="stages.a.trainer")
     message = str(info.value)
-    assert "nosuchtrainer" in message
+    assert "did you mean 'grpo'" in message
     for name in TRAINERS:
         assert name in message
     assert message.startswith("stages.a.trainer")

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from flowpost.core.callbacks.base import Callback
-
-if TYPE_CHECKING:
-    from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.callbacks.base import Callback, TrainerView
 
 EMA_SNAPSHOT = "ema"
 EMASchedule = Literal["warmup", "constant", "power", "linear"]
@@ -46,11 +43,11 @@ class EMACallback(Callback):
         self.warmup_steps = warmup_steps
         self.power = power
 
-    def on_train_start(self, trainer: BaseTrainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if EMA_SNAPSHOT not in trainer.adapter.snapshots:
             trainer.adapter.snapshots.capture(EMA_SNAPSHOT, trainer.adapter.module())
 
-    def on_step_end(self, trainer: BaseTrainer, metrics: dict[str, float]) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         decay = ema_decay(
             self.decay, trainer.progress.optimizer_step, self.schedule, warmup_steps=self.warmup_steps, power=self.power
         )

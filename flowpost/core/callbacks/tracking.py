@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from flowpost.core.callbacks.base import Callback
+from flowpost.core.callbacks.base import Callback, TrainerView
 from flowpost.errors import FlowpostError
-
-if TYPE_CHECKING:
-    from flowpost.core.trainers.base import BaseTrainer
 
 
 class Tracker(Protocol):
@@ -90,23 +87,23 @@ class TrackingCallback(Callback):
         self.log_dir = log_dir
         self.trackers: list[Tracker] = []
 
-    def on_train_start(self, trainer: BaseTrainer) -> None:
+    def on_train_start(self, trainer: TrainerView) -> None:
         if trainer.accelerator.is_main_process:
             self.trackers = [build_tracker(k, self.log_dir, name=trainer.stage) for k in self.kinds]
 
-    def on_step_end(self, trainer: BaseTrainer, metrics: dict[str, float]) -> None:
+    def on_step_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         step = trainer.progress.optimizer_step
         done = trainer.completed_units
         if done % trainer.args.log_every == 0 or done == trainer.args.budget:
             for tracker in self.trackers:
                 tracker.log(metrics, step)
 
-    def on_validation_end(self, trainer: BaseTrainer, results: dict[str, Any]) -> None:
+    def on_validation_end(self, trainer: TrainerView, results: dict[str, Any]) -> None:
         scalars = {f"validation/{k}": float(v) for k, v in results.items() if isinstance(v, (int, float))}
         for tracker in self.trackers:
             tracker.log(scalars, trainer.progress.optimizer_step)
 
-    def on_train_end(self, trainer: BaseTrainer) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []

@@ -144,6 +144,8 @@ def _stage_problems(
             )
     if contract.feedback is Feedback.RUNTIME_REWARD and not stage.rewards:
         problems.append(f"stages.{name}.rewards: trainer {stage.trainer!r} needs at least one reward")
+    if contract.feedback is Feedback.NONE and stage.rewards:
+        problems.append(f"stages.{name}.rewards: trainer {stage.trainer!r} uses no reward; remove the section")
     for i, reward in enumerate(stage.rewards):
         if reward.name not in REWARDS:
             problems.append(

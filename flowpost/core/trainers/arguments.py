@@ -7,11 +7,20 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from flowpost.core.config.base import StrictModel
-from flowpost.core.contracts import ExecutionContract, Paradigm
+from flowpost.core.contracts import (
+    OFFLINE_EXECUTION_CONTRACT,
+    ONLINE_EXECUTION_CONTRACT,
+    ExecutionContract,
+    Paradigm,
+)
 
 
 class TrainerArguments(StrictModel):
-    """Fields every trainer shares. Batch sizes are global (across ranks); budgets are counts."""
+    """Fields every trainer shares. Batch sizes are global (across ranks); budgets are counts.
+
+    The arguments class declares its trainer's ``execution_contract`` and ``paradigm``; the trainer
+    naming it (``Arguments``) takes both from here.
+    """
 
     execution_contract: ClassVar[ExecutionContract]
     paradigm: ClassVar[Paradigm]
@@ -24,6 +33,11 @@ class TrainerArguments(StrictModel):
     keep_last: int | None = Field(None, ge=1, description="checkpoints kept (the newest); null: all")
     log_every: int = Field(10, ge=1, description="budget units between logged events")
 
+    @property
+    def budget(self) -> int:
+        """Budget units of the stage (optimizer steps or rollout iterations)."""
+        raise NotImplementedError
+
     def smoke(self) -> TrainerArguments:
         """A copy with every budget cut to a few units, for wiring checks."""
         return self.model_copy(
@@ -33,6 +47,8 @@ class TrainerArguments(StrictModel):
 
 class DatasetArguments(TrainerArguments):
     """Trainers on a finite dataset: the budget is optimizer steps."""
+
+    execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
 
     batch_size: int = Field(64, ge=1, description="global micro-batch size across all ranks")
     gradient_accumulation_steps: int = Field(1, ge=1)
@@ -50,8 +66,11 @@ class DatasetArguments(TrainerArguments):
 class OnlineArguments(TrainerArguments):
     """Trainers that generate their data: the budget is rollout iterations.
 
-    Each iteration samples ``prompts_per_iteration`` prompts, each ``group_size`` times.
+    Each iteration samples ``prompts_per_iteration`` prompts, each ``group_size`` times. Rewards
+    score them at run time unless a subclass declares the no-feedback contract.
     """
+
+    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
 
     iterations: int = Field(30, ge=1, description="rollout iterations")
     prompts_per_iteration: int = Field(8, ge=1)

@@ -1,11 +1,14 @@
-"""BaseTrainer: the one training loop. Algorithms implement hooks; they never override ``start``."""
+"""BaseTrainer: the one training loop. Algorithms implement hooks; they never override ``start``.
+
+Two trainer types fix what a cycle is: ``DatasetTrainer`` (a pass over a finite dataset) and
+``GenerationTrainer`` (a rollout iteration). The loop dispatches on the type; collaborators hold
+the rest: the parallel layout, the checkpoint manager, the callbacks, the event log.
+"""
 
 from __future__ import annotations
 
 import random
-from abc import ABC
-from collections import defaultdict
-from itertools import islice
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,49 +17,57 @@ import torch
 
 from flowpost.core.callbacks.base import Callback, CallbackList
 from flowpost.core.config.schema import SamplingConfig
-from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
+from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
 from flowpost.core.distributed import mean_over_ranks
+from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.events import EventLog
+from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
-from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import TrainerArguments
-from flowpost.core.trainers.generation import GenerationMixin
-from flowpost.core.trainers.inputs import BatchLoader, StageInputs
-from flowpost.core.trainers.persistence import PersistenceMixin
-from flowpost.core.trainers.registry import check_contracts
+from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
+from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
 
-_HOOKS = ("sample", "optimize", "optimize_batch")
+log = get_logger(__name__)
 
 
-class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
-    """Owns seeding, resume, the acquisition loop, the optimizer, cadences and callbacks.
+class BaseTrainer(ABC):
+    """Owns seeding, resume, the optimizer, cadences and callbacks; a trainer type owns the cycle.
 
-    A concrete trainer declares ``execution_contract`` and ``paradigm`` (equal to its arguments
-    class') and implements exactly the hooks its contract requires: ``optimize_batch`` for the
-    dataset contract, ``sample`` and ``optimize`` for generation contracts.
+    A concrete trainer names its arguments class once (``Arguments``); the execution contract and
+    paradigm are the arguments class' and are copied onto the trainer class at definition.
     """
 
+    Arguments: ClassVar[type[TrainerArguments]]
+    acquisition: ClassVar[Acquisition]  # fixed by the trainer type
+    arguments_base: ClassVar[type[TrainerArguments]]  # fixed by the trainer type
     execution_contract: ClassVar[ExecutionContract]
     paradigm: ClassVar[Paradigm]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        contract = cls.__dict__.get("execution_contract")
-        if contract is None:
+        if "execution_contract" in cls.__dict__ or "paradigm" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: declare execution_contract and paradigm on its Arguments class only")
+        arguments = cls.__dict__.get("Arguments")
+        if arguments is None:
             return
-        required = contract.required_hooks()
-        missing = [h for h in required if getattr(cls, h) is getattr(BaseTrainer, h)]
-        extra = [h for h in _HOOKS if h not in required and getattr(cls, h) is not getattr(BaseTrainer, h)]
-        if missing or extra:
+        base = getattr(cls, "arguments_base", None)
+        if base is None or not issubclass(arguments, base):
+            raise TypeError(f"{cls.__name__}.Arguments must subclass {getattr(base, '__name__', 'a trainer type')}")
+        contract = getattr(arguments, "execution_contract", None)
+        paradigm = getattr(arguments, "paradigm", None)
+        if contract is None or paradigm is None:
+            raise TypeError(f"{arguments.__name__} must declare execution_contract and paradigm")
+        if contract.acquisition is not cls.acquisition:
             raise TypeError(
-                f"{cls.__name__} declares the {contract} contract: it must implement {list(required)}"
-                + (f"; missing {missing}" if missing else "")
-                + (f"; {extra} belong to another contract" if extra else "")
+                f"{cls.__name__} is a {cls.acquisition} trainer but {arguments.__name__} "
+                f"declares the {contract} contract"
             )
+        cls.execution_contract = contract
+        cls.paradigm = paradigm
 
     def __init__(
         self,
@@ -65,12 +76,16 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
         args: TrainerArguments,
         adapter: ModelAdapter,
         inputs: StageInputs | None = None,
-        callbacks: list[Callback] | None = None,
+        callbacks: dict[str, Callback] | None = None,
+        validation: ValidationGrid | None = None,
         sampling: SamplingConfig | None = None,
-        rewards: WeightedRewards | None = None,
         accelerator: Any | None = None,
     ) -> None:
-        check_contracts(type(self), type(args), where=f"stages.{spec.stage}.trainer")
+        if not isinstance(args, self.Arguments):
+            raise FlowpostError(
+                f"trainer {type(self).__name__} takes {self.Arguments.__name__}, not {type(args).__name__}",
+                where=f"stages.{spec.stage}.train",
+            )
         from accelerate import Accelerator
 
         self.spec = spec
@@ -79,24 +94,16 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
         self.adapter = adapter
         self.inputs = inputs or StageInputs()
         self.sampling = sampling or SamplingConfig()
-        self.rewards = rewards
-        if self.execution_contract.feedback is Feedback.RUNTIME_REWARD and rewards is None:
-            raise FlowpostError(
-                f"trainer {type(self).__name__} needs at least one reward",
-                where=f"stages.{spec.stage}.rewards",
-            )
         self.output_dir = Path(spec.output_dir)
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
-        self.callbacks = CallbackList(callbacks or [])
+        self.callbacks = CallbackList(callbacks or {})
+        self.validation = validation
         self.progress = TrainingProgress()
         self.events = EventLog(
-            self.output_dir / "events.jsonl",
-            stage=self.stage,
-            enabled=self.accelerator.is_main_process,
+            self.output_dir / "events.jsonl", stage=self.stage, enabled=self.accelerator.is_main_process
         )
-        self._micro_index = 0
-        backend = spec.launch.get("backend", "ddp")
-        self.parallel = parallel_layout(backend, self.accelerator.num_processes)
+        self.parallel = parallel_layout(spec.launch.get("backend", "ddp"), self.accelerator.num_processes)
+        self.cycle_metrics: dict[str, float] = {}  # the current cycle's rewards: every step's trackers see them
         model = self.parallel.prepare(adapter, self.accelerator.device)
         self.setup()
         model.train()
@@ -108,57 +115,56 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
         )
         self.model = model  # never wrapped: the layout synchronises gradients (flowpost.core.parallel)
         self.optimizer = self.parallel.prepare_optimizer(model, optimizer, self.accelerator)
+        self.checkpoints = CheckpointManager(
+            output_dir=self.output_dir,
+            accelerator=self.accelerator,
+            adapter=adapter,
+            parallel=self.parallel,
+            model=model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            callbacks=self.callbacks,
+            events=self.events,
+            keep_last=args.keep_last,
+        )
 
     # -- hooks -------------------------------------------------------------------------------
     def setup(self) -> None:
-        """Load what the trainer reads (data, conditions); called once before the optimizer."""
+        """Load what the trainer reads (data, conditions, snapshots); called once before the optimizer."""
 
-    def sample(self) -> list[Any]:
-        """Generation contracts: produce one acquisition cycle of samples."""
-        raise TypeError(f"{type(self).__name__} does not acquire by generation")
+    def _after_acquisition_cycle(self) -> dict[str, float]:
+        """After each data epoch or rollout iteration (e.g. refresh an old-policy snapshot); its metrics."""
+        return {}
 
-    def optimize(self, samples: list[Any]) -> None:
-        """Generation contracts: update the policy from one cycle's samples."""
-        raise TypeError(f"{type(self).__name__} does not acquire by generation")
-
-    def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Dataset contract: return ``{"loss": scalar, ...metrics}`` for one micro-batch."""
-        raise TypeError(f"{type(self).__name__} does not train on a dataset")
-
-    def build_loader(self) -> BatchLoader:
-        """Dataset contract: the finite, rank-aware loader (``batches_per_epoch``, ``iter_epoch``)."""
-        raise TypeError(f"{type(self).__name__} does not train on a dataset")
-
-    def _after_acquisition_cycle(self) -> None:
-        """Called after each data epoch or rollout iteration (e.g. to refresh an old-policy snapshot)."""
-
-    # -- the loop ------------------------------------------------------------------------------
+    # -- what the trainer type defines ---------------------------------------------------------
     @property
+    @abstractmethod
     def completed_units(self) -> int:
         """Budget units done: optimizer steps (dataset) or rollout iterations (generation)."""
-        if self.execution_contract.acquisition is Acquisition.DATASET:
-            return self.progress.optimizer_step
-        return self.progress.rollout_iteration
 
+    @abstractmethod
+    def _run_cycles(self, budget: int) -> None:
+        """Acquire and optimise until ``budget`` units are done, ending each unit with ``_end_budget_unit``."""
+
+    # -- the loop ------------------------------------------------------------------------------
     def start(self) -> TrainingProgress:
         """Run the stage to its budget (resuming from the latest checkpoint when allowed)."""
         self._seed_everything()
         resumed = self._resume() if self.spec.resume else None
         self.callbacks.on_train_start(self)
-        budget = self.args.budget  # type: ignore[attr-defined]
+        budget = self.args.budget
+        world = {"ranks": self.accelerator.num_processes}
+        if resumed is not None and (resumed.world_size, resumed.layout) != (world["ranks"], self.parallel.name):
+            world |= {"resumed_with_ranks_from": resumed.world_size, "resumed_with_layout_from": resumed.layout}
         self.events.emit(
             "start",
             step=self.completed_units,
             max_steps=budget,
-            resumed_from=resumed,
-            ranks=self.accelerator.num_processes,
-            **(self._resumed_with or {}),
+            resumed_from=str(resumed.path) if resumed else None,
+            **world,
         )
-        if self.execution_contract.acquisition is Acquisition.DATASET:
-            self._run_dataset_epochs(budget)
-        else:
-            self._run_generation_iterations(budget)
-        if self._saved_progress != self.progress:
+        self._run_cycles(budget)
+        if self.checkpoints.saved != self.progress:
             self.save_checkpoint()
         self.callbacks.on_train_end(self)
         if not self.parallel.ranks_agree(self.model):
@@ -166,68 +172,39 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
                 f"stage {self.stage!r}: the {self.accelerator.num_processes} ranks ended with different weights",
                 where=str(self.output_dir),
             )
-        self.save_final_weights()
+        self.checkpoints.save_final(self.progress)
         self.events.emit(
             "done", step=self.completed_units, progress=self.progress.to_dict(), ranks=self.accelerator.num_processes
         )
         return self.progress
 
-    def _run_generation_iterations(self, budget: int) -> None:
-        """sample -> (rewards and advantages, by the base) -> optimize, once per iteration."""
-        while self.progress.rollout_iteration < budget:
-            samples = self.sample()
-            self._feedback_metrics = {}
-            if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
-                self._feedback_metrics = mean_over_ranks(self.score(samples))
-            self._unit_metrics = dict(self._feedback_metrics)
-            self.optimize(samples)
-            self.progress = self.progress.after_rollout()
-            self._after_acquisition_cycle()
-            self._end_budget_unit(budget, self._unit_metrics)
-
-    def _run_dataset_epochs(self, budget: int) -> None:
-        loader = self.build_loader()
-        accum = self.args.gradient_accumulation_steps  # type: ignore[attr-defined]
-        usable = loader.batches_per_epoch - loader.batches_per_epoch % accum
-        if usable == 0:
-            raise FlowpostError(
-                f"the dataset gives {loader.batches_per_epoch} batches per epoch at this batch size, "
-                f"fewer than gradient_accumulation_steps={accum}; lower batch_size or accumulation",
-                where=f"stages.{self.stage}.train.batch_size",
+    def _resume(self) -> Resumed | None:
+        resumed = self.checkpoints.resume()
+        if resumed is None:
+            return None
+        self.progress = resumed.progress
+        if (resumed.world_size, resumed.layout) != (self.accelerator.num_processes, self.parallel.name):
+            log.warning(
+                "stage %s was checkpointed with %d %s process(es) and resumes with %d %s: the run continues with "
+                "the same global batches, but its numbers are no longer bit-identical to an uninterrupted run",
+                self.stage,
+                resumed.world_size,
+                resumed.layout,
+                self.accelerator.num_processes,
+                self.parallel.name,
             )
-        while self.progress.optimizer_step < budget:
-            self._run_dataset_epoch(loader, usable, accum, budget)
+        return resumed
 
-    def _run_dataset_epoch(self, loader: BatchLoader, usable: int, accum: int, budget: int) -> None:
-        """One pass; ``data_epoch`` advances only when all ``usable`` batches ran cleanly."""
-        sums: dict[str, float] = defaultdict(float)
-        start = self.progress.epoch_cursor
-        batches = islice(loader.iter_epoch(self.progress.data_epoch, start_batch=start), usable - start)
-        for offset, batch in enumerate(batches):
-            self._micro_index = offset % accum
-            outputs = self.optimize_batch(batch)
-            self.backward(outputs["loss"] / accum)
-            for key, value in outputs.items():
-                sums[key] += float(value.detach()) / accum
-            if self._micro_index == accum - 1:
-                metrics = self.step_optimizer(dict(sums), micro_batches=accum)
-                if start + offset + 1 >= usable:
-                    self._finish_epoch()
-                sums.clear()
-                self._end_budget_unit(budget, metrics)
-                if self.progress.optimizer_step >= budget:
-                    return
-
-    def _finish_epoch(self) -> None:
-        self.progress = self.progress.after_epoch()
-        self._after_acquisition_cycle()
+    def save_checkpoint(self) -> None:
+        self.checkpoints.save(self.progress, units=self.completed_units)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate gradients of ``loss`` (already divided by the accumulation count)."""
         self.parallel.backward(loss, self.accelerator)
 
     def step_optimizer(self, metrics: dict[str, float], *, micro_batches: int = 0) -> dict[str, float]:
-        """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks."""
+        """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks
+        and, when due, validation. Returns the step's metrics (averaged over ranks)."""
         metrics = dict(metrics)
         sync_seconds = self.parallel.sync_gradients(self.trainable)
         if sync_seconds is not None:
@@ -239,9 +216,21 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.progress = self.progress.after_optimizer_step(micro_batches)
-        metrics = {**self._feedback_metrics, **mean_over_ranks(metrics)}  # trackers see this cycle's rewards
+        metrics = {**self.cycle_metrics, **mean_over_ranks(metrics)}
         self.callbacks.on_step_end(self, metrics)
+        self._validate_if_due()
         return metrics
+
+    def _validate_if_due(self) -> None:
+        """A validation grid when one is due: with sharded weights every rank generates; rank 0 writes."""
+        step, main = self.progress.optimizer_step, self.accelerator.is_main_process
+        if self.validation is None or not self.validation.due(step) or not (main or self.parallel.collective_passes):
+            return
+        if main:
+            self.callbacks.on_validation_begin(self)
+        images = self.validation.generate(self.adapter, seed=self.spec.seed, stage=self.stage)
+        if main:
+            self.callbacks.on_validation_end(self, self.validation.save(images, step))
 
     def _end_budget_unit(self, budget: int, metrics: dict[str, float]) -> None:
         """Event and checkpoint cadence, counted in budget units."""
@@ -250,17 +239,6 @@ class BaseTrainer(GenerationMixin, PersistenceMixin, ABC):
             self.events.emit("step", step=done, max_steps=budget, metrics=metrics)
         if self.args.checkpoint_every and done % self.args.checkpoint_every == 0:
             self.save_checkpoint()
-
-    # -- addressing ------------------------------------------------------------------------------
-    def sample_indices(self, local_batch_size: int) -> list[int]:
-        """Global indices, within the current optimizer step, of this rank's micro-batch rows."""
-        global_batch = self.args.batch_size  # type: ignore[attr-defined]
-        base = self._micro_index * global_batch + self.accelerator.process_index * local_batch_size
-        return list(range(base, base + local_batch_size))
-
-    # -- state ---------------------------------------------------------------------------------
-    _unit_metrics: dict[str, float] = {}
-    _feedback_metrics: dict[str, float] = {}
 
     def _seed_everything(self) -> None:
         seed = self.spec.seed

@@ -1,167 +1,90 @@
-"""Rollout generation and scoring, owned by the base trainer (a mixin of ``BaseTrainer``)."""
+"""GenerationTrainer: the generation contracts. Each rollout iteration samples, (with runtime
+rewards) is scored with group advantages by the loop, then optimised in shuffled micro-batches."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
-import torch
+from flowpost.core.contracts import Acquisition, Feedback, Paradigm
+from flowpost.core.distributed import mean_over_ranks
+from flowpost.core.rewards.combine import WeightedRewards
+from flowpost.core.trainers.arguments import OnlineArguments
+from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.rl.rollout import Rollout
+from flowpost.core.trainers.rollouts import RolloutEngine
+from flowpost.errors import FlowpostError
 
-from flowpost.core.advantages import advantage_metrics, group_advantages
-from flowpost.core.contracts import Paradigm
-from flowpost.core.models.base import NULL_PROMPT
-from flowpost.core.noise import addressed_generator, addressed_randn
-from flowpost.core.rewards.combine import RewardOutput
-from flowpost.core.sampling.schedules import inference_sigmas
-from flowpost.core.trainers.rl.groups import plan_groups
-from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
-
-if TYPE_CHECKING:
-    from flowpost.core.config.schema import SamplingConfig
-    from flowpost.core.models.base import ModelAdapter
-    from flowpost.core.progress import TrainingProgress
-    from flowpost.core.rewards.combine import WeightedRewards
-    from flowpost.core.trainers.inputs import StageInputs
-    from flowpost.core.trainers.spec import StageSpec
+MicroBatchLoss = Callable[[Rollout, float], dict[str, float]]
 
 
-@dataclass(frozen=True)
-class MicroBatch:
-    """This rank's rows of one global micro-batch; ``share`` = rows x world size / global rows."""
+class GenerationTrainer(BaseTrainer):
+    """Implements ``sample`` and ``optimize``; the budget is rollout iterations."""
 
-    rows: list[int]
-    share: float
+    acquisition: ClassVar[Acquisition] = Acquisition.GENERATION
+    arguments_base: ClassVar[type[OnlineArguments]] = OnlineArguments
+    args: OnlineArguments
 
-
-class GenerationMixin:
-    """K-repeat groups, addressed noise, SDE inside a window; rewards and group advantages."""
-
-    accelerator: Any
-    adapter: ModelAdapter
-    parallel: Any
-    args: Any
-    inputs: StageInputs
-    paradigm: Paradigm
-    progress: TrainingProgress
-    rewards: WeightedRewards | None
-    sampling: SamplingConfig
-    spec: StageSpec
-    stage: str
-    step_optimizer: Callable[..., dict[str, float]]
-    _unit_metrics: dict[str, float]
-
-    def rollout_window(self, iteration: int) -> range:
-        """The steps sampled with SDE dynamics (and stored for training) in ``iteration``."""
-        sampling = self.sampling
-        size = sampling.window or sampling.steps - 1
-        low, high = sampling.window_start or (0, 0 if sampling.window is None else sampling.steps - 1 - size)
-        generator = addressed_generator(self.spec.seed, self.stage, iteration, 0, "window")
-        start = int(torch.randint(low, high + 1, (1,), generator=generator))
-        return range(start, start + size)
-
-    def generate_samples(self) -> Rollout:
-        """This rank's share of one iteration: K-repeat groups, addressed noise, SDE inside the window."""
-        args, sampling = self.args, self.sampling
-        where = f"stages.{self.stage}.data"
-        conditions = self.inputs.require("conditions", where=where)
-        pool = self.inputs.require("prompts", where=where)
-        iteration = self.progress.rollout_iteration
-        plan = plan_groups(
-            len(pool),
-            prompts=args.prompts_per_iteration,
-            group_size=args.group_size,  # type: ignore[attr-defined]
+    def __init__(self, *, rewards: WeightedRewards | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        wants_rewards = self.execution_contract.feedback is Feedback.RUNTIME_REWARD
+        if wants_rewards != (rewards is not None):
+            need = "needs at least one reward" if wants_rewards else "uses no reward"
+            raise FlowpostError(f"trainer {type(self).__name__} {need}", where=f"stages.{self.stage}.rewards")
+        self.rollouts = RolloutEngine(
+            adapter=self.adapter,
+            accelerator=self.accelerator,
+            args=self.args,
+            sampling=self.sampling,
+            inputs=self.inputs,
             seed=self.spec.seed,
             stage=self.stage,
-            iteration=iteration,
-        )
-        indices = list(plan.rank_slice(self.accelerator.process_index, self.accelerator.num_processes))
-        prompts = [pool[plan.prompt_rows[k]][0] for k in indices]
-        group_ids = [plan.group_ids[k] for k in indices]
-        metadata = [{**pool[plan.prompt_rows[k]][1], "group_id": plan.group_ids[k]} for k in indices]
-        address = {"seed": self.spec.seed, "stage": self.stage, "step": iteration}
-        shape = self.adapter.latent_shape
-        device = self.accelerator.device
-        noise = addressed_randn(
-            shape, indices=group_ids if sampling.same_group_noise else indices, purpose="initial", **address
-        ).to(device)
-        window = self.rollout_window(iteration)
-        store = self.paradigm is Paradigm.COUPLED
-        step_noise = {
-            j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device) for j in window
-        }
-        sigmas = inference_sigmas(sampling.steps, shift=self.adapter.shift)
-        batch = conditions.lookup(prompts).to(device)
-        null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
-        local = args.rollout_batch_size // self.accelerator.num_processes  # type: ignore[attr-defined]
-        parts = []
-        for start in range(0, len(indices), max(local, 1)):
-            rows = list(range(start, min(start + local, len(indices))))
-            state = self.adapter.prepare_condition_state(batch.index(rows))
-            negative = self.adapter.prepare_condition_state(null.index([0] * len(rows))) if null is not None else None
-            parts.append(
-                sample_trajectory(
-                    self.adapter,
-                    noise[rows],
-                    state,
-                    sigmas,
-                    window=window,
-                    step_noise={j: n[rows] for j, n in step_noise.items()},
-                    dynamics=sampling.dynamics,
-                    noise_level=sampling.noise_level,
-                    guidance=sampling.guidance,
-                    negative=negative,
-                    store=store,
-                )
-            )
-        traj = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
-        steps = torch.tensor(list(window) if store else [], dtype=torch.long)
-        return Rollout(
-            prompts=prompts,
-            metadata=metadata,
-            group_ids=torch.tensor(group_ids),
-            indices=torch.tensor(indices),
-            conditions=batch,
-            steps=steps,
-            sigmas=sigmas[steps],
-            sigmas_next=sigmas[steps + 1],
-            **traj,
+            store=self.paradigm is Paradigm.COUPLED,
+            collective_passes=self.parallel.collective_passes,
+            rewards=rewards,
         )
 
-    def micro_batches(self, size: int, epoch: int) -> list[MicroBatch]:
-        """Pass ``epoch``'s shuffled micro-batches over a rollout of ``size`` rows per rank.
+    @abstractmethod
+    def sample(self) -> Rollout:
+        """One acquisition cycle of samples (usually ``self.rollouts.generate``)."""
 
-        The shuffle is over the global rows (rank ``r`` owns ``[r * size, (r + 1) * size)``) and a
-        micro-batch is ``train_batch_size`` global rows, so its composition does not depend on the
-        world size; each rank trains on the rows it owns, weighted by ``MicroBatch.share``. A rank
-        owning none of a micro-batch's rows skips it, except under a sharded layout, where it runs
-        row 0 with share 0 (every rank must take part in every forward and backward).
-        """
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        generator = addressed_generator(self.spec.seed, self.stage, self.progress.rollout_iteration, epoch, "shuffle")
-        order = torch.randperm(size * world, generator=generator).tolist()
-        width = max(self.args.train_batch_size, 1)
-        batches = []
-        for start in range(0, len(order), width):
-            chunk = order[start : start + width]
-            rows = [g - rank * size for g in chunk if rank * size <= g < (rank + 1) * size]
-            if not rows and self.parallel.collective_passes:
-                batches.append(MicroBatch([0], 0.0))  # a weightless pass: sharded ranks gather weights together
-            else:
-                batches.append(MicroBatch(rows, len(rows) * world / len(chunk)))
-        return batches
+    @abstractmethod
+    def optimize(self, samples: Rollout) -> dict[str, float]:
+        """Update the policy from one cycle's samples; return the cycle's metrics."""
 
-    def train_on_rollout(self, samples: Rollout, loss: Callable[[Rollout, float], dict[str, float]]) -> None:
-        """``inner_epochs`` passes over ``samples`` in ``micro_batches``, stepping every accumulation.
+    @property
+    def completed_units(self) -> int:
+        return self.progress.rollout_iteration
+
+    def generate(self) -> Rollout:
+        """This rank's rollout of the current iteration."""
+        return self.rollouts.generate(self.progress.rollout_iteration)
+
+    def _run_cycles(self, budget: int) -> None:
+        """sample -> (rewards and advantages) -> optimize, once per iteration."""
+        while self.progress.rollout_iteration < budget:
+            samples = self.sample()
+            self.cycle_metrics = {}
+            if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
+                self.cycle_metrics = mean_over_ranks(self.rollouts.score(samples))
+            metrics = self.cycle_metrics | self.optimize(samples)
+            self.progress = self.progress.after_rollout()
+            metrics |= self._after_acquisition_cycle()
+            self._end_budget_unit(budget, metrics)
+
+    def train_on_rollout(self, samples: Rollout, loss: MicroBatchLoss) -> dict[str, float]:
+        """``inner_epochs`` passes over ``samples`` in micro-batches, stepping every accumulation.
 
         ``loss(micro_batch, scale)`` backpropagates its mean loss times ``scale`` and returns metrics
         (means over its rows); a rank without rows in a micro-batch skips it but still takes part in
         the step's gradient average. A trailing partial accumulation window is dropped unless it is
-        the only one.
+        the only one. Returns the last optimizer step's metrics.
         """
-        accum = self.args.gradient_accumulation_steps
+        accum, iteration = self.args.gradient_accumulation_steps, self.progress.rollout_iteration
+        metrics: dict[str, float] = {}
         for epoch in range(self.args.inner_epochs):
-            batches = self.micro_batches(len(samples), epoch)
+            batches = self.rollouts.micro_batches(len(samples), iteration, epoch)
             usable = len(batches) - len(batches) % accum or len(batches)
             sums: dict[str, float] = {}
             for number, batch in enumerate(batches[:usable]):
@@ -169,29 +92,6 @@ class GenerationMixin:
                     for key, value in loss(samples.select(batch.rows), batch.share / accum).items():
                         sums[key] = sums.get(key, 0.0) + value * batch.share / accum
                 if (number + 1) % accum == 0 or number + 1 == usable:
-                    self._unit_metrics |= self.step_optimizer(sums)
+                    metrics |= self.step_optimizer(sums)
                     sums = {}
-
-    def score(self, rollout: Rollout) -> dict[str, float]:
-        """Rewards of this rank's samples, advantages over the gathered (all-rank) groups."""
-        assert self.rewards is not None
-        output = self.rewards(self.adapter.decode(rollout.final).cpu(), rollout.prompts, rollout.metadata)
-        device = self.accelerator.device
-        gathered = RewardOutput(
-            total=self.accelerator.gather(output.total.to(device)).cpu(),
-            components={k: self.accelerator.gather(v.to(device)).cpu() for k, v in output.components.items()},
-        )
-        rewards = gathered.total
-        groups = self.accelerator.gather(rollout.group_ids.to(device)).cpu()
-        args = self.args
-        advantages = group_advantages(
-            rewards,
-            groups,
-            std=args.advantage_std,
-            clip=args.advantage_clip,  # type: ignore[attr-defined]
-        )
-        start = self.accelerator.process_index * len(rollout)
-        rollout.rewards = output.total
-        rollout.advantages = advantages[start : start + len(rollout)]
-        stats = advantage_metrics(rewards, groups, advantages, clip=args.advantage_clip)  # type: ignore[attr-defined]
-        return self.rewards.metrics(gathered) | {f"advantage/{key}": value for key, value in stats.items()}
+        return metrics

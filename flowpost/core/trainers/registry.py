@@ -1,7 +1,8 @@
-"""Static, lowercase registries of trainers and their arguments classes (lazy imports)."""
+"""The static, lowercase registry of trainers (lazy imports); a trainer names its arguments class."""
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from typing import TYPE_CHECKING
 
 from flowpost.core.lazy import import_object
@@ -20,43 +21,19 @@ TRAINERS: dict[str, str] = {
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
     "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",
 }
-ARGUMENTS: dict[str, str] = {
-    "sft": "flowpost.core.trainers.offline.sft:SFTArguments",
-    "grpo": "flowpost.core.trainers.rl.grpo:GRPOArguments",
-    "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardArguments",
-    "dppo": "flowpost.core.trainers.rl.dppo:DPPOArguments",
-    "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOArguments",
-    "awm": "flowpost.core.trainers.rl.awm:AWMArguments",
-    "nft": "flowpost.core.trainers.rl.nft:NFTArguments",
-}
-
-
-def _check_name(name: str, where: str) -> str:
-    if name not in TRAINERS:
-        known = ", ".join(sorted(TRAINERS))
-        raise FlowpostError(f"unknown trainer {name!r}; known trainers: {known}", where=where)
-    return name
-
-
-def arguments_class(name: str, *, where: str = "trainer") -> type[TrainerArguments]:
-    """The arguments class registered for trainer ``name``."""
-    return import_object(ARGUMENTS[_check_name(name, where)])
 
 
 def trainer_class(name: str, *, where: str = "trainer") -> type[BaseTrainer]:
-    """The trainer class registered for ``name``, checked against its arguments class."""
-    trainer = import_object(TRAINERS[_check_name(name, where)])
-    check_contracts(trainer, arguments_class(name, where=where), where=where)
-    return trainer
+    """The trainer registered as ``name`` (its contract was checked when its class was defined)."""
+    if name not in TRAINERS:
+        close = get_close_matches(name.lower(), TRAINERS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise FlowpostError(
+            f"unknown trainer {name!r}{hint}; known trainers: {', '.join(sorted(TRAINERS))}", where=where
+        )
+    return import_object(TRAINERS[name])
 
 
-def check_contracts(trainer: type, arguments: type, *, where: str = "trainer") -> None:
-    """Reject a trainer whose contract or paradigm differs from its arguments class'."""
-    for attr in ("execution_contract", "paradigm"):
-        mine, theirs = getattr(trainer, attr, None), getattr(arguments, attr, None)
-        if mine != theirs:
-            raise FlowpostError(
-                f"{trainer.__name__}.{attr} is {mine} but {arguments.__name__}.{attr} is {theirs}; "
-                "a trainer and its arguments class must declare the same value",
-                where=where,
-            )
+def arguments_class(name: str, *, where: str = "trainer") -> type[TrainerArguments]:
+    """The arguments class of trainer ``name`` (the ``train:`` section's schema)."""
+    return trainer_class(name, where=where).Arguments

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from flowpost.core.callbacks.base import Callback
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig, SamplingConfig
 from flowpost.core.io import write_json_atomic
-from flowpost.core.launch import build_callbacks, build_rewards
+from flowpost.core.launch import build_callbacks, build_rewards, build_validation
 from flowpost.core.models.base import ConditionBatch
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.trainers.base import BaseTrainer
@@ -62,7 +63,9 @@ def _registered_name(cls: type) -> str:
 
 @pytest.fixture
 def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
-    """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, lora_rank=None, **train_args)``.
+    """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, listeners={}, lora_rank=None, **train_args)``.
+
+    ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name.
 
     Any trainer class works; generation trainers also take ``sampling={...}`` and ``rewards=[...]``
     (reward config entries).
@@ -74,6 +77,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         cls: type[BaseTrainer] = SFTTrainer,
         resume: bool = True,
         callbacks: dict[str, Any] | None = None,
+        listeners: dict[str, Callback] | None = None,
         lora_rank: int | None = None,
         sampling: dict[str, Any] | None = None,
         rewards: list[dict[str, Any]] | None = None,
@@ -94,6 +98,8 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         defaults = {"lr": 1e-3, **({"batch_size": 4} if name == "sft" else {})}
         arguments = arguments_class(name).model_validate({**defaults, **args})
         inputs = load_stage_inputs(spec)
+        callback_config = CallbacksConfig.model_validate(callbacks or {})
+        built_rewards = build_rewards([RewardConfig.model_validate(r) for r in rewards or []], spec, inputs)
         adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
         if lora_rank is not None:
             adapter.add_lora(rank=lora_rank, alpha=float(lora_rank))
@@ -102,9 +108,10 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             args=arguments,
             adapter=adapter,
             inputs=inputs,
-            callbacks=build_callbacks(CallbacksConfig.model_validate(callbacks or {}), spec, inputs),
+            callbacks=build_callbacks(callback_config, spec) | (listeners or {}),
+            validation=build_validation(callback_config, spec, inputs),
             sampling=SamplingConfig.model_validate(sampling or {}),
-            rewards=build_rewards([RewardConfig.model_validate(r) for r in rewards or []], spec, inputs),
+            **({"rewards": built_rewards} if built_rewards is not None else {}),
         )
 
     return make

@@ -65,18 +65,18 @@ def test_anchor_decay_ramps_then_saturates():
 def test_the_first_micro_batch_is_exactly_on_policy_and_later_ones_are_not(make_trainer, tmp_path):
     trainer = make_trainer(tmp_path, cls=AWMTrainer, **SMALL)
     rollout = trainer.sample()
-    trainer.score(rollout)
-    trainer.optimize(rollout)
+    trainer.rollouts.score(rollout)
+    metrics = trainer.optimize(rollout)
     assert sorted(trainer.old_log_probs) == list(range(8))
-    assert trainer._unit_metrics["on_policy_ratio_error"] == 0.0
-    assert trainer._unit_metrics["ratio_deviation"] > 0  # the second micro-batch follows one update
+    assert metrics["on_policy_ratio_error"] == 0.0
+    assert metrics["ratio_deviation"] > 0  # the second micro-batch follows one update
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_a_positive_advantage_lowers_the_matching_error_and_a_negative_one_raises_it(make_trainer, tmp_path, sign):
     trainer = make_trainer(tmp_path, cls=AWMTrainer, weighting="uniform", lr=1e-4, **{**SMALL, "train_batch_size": 8})
     rollout = trainer.sample()
-    trainer.score(rollout)
+    trainer.rollouts.score(rollout)
     rollout.advantages = torch.full((8,), sign * trainer.args.advantage_clip)
     before = torch.stack(list(trainer.sampling_log_probs(rollout).values()))  # -l at the training points
     trainer.optimize(rollout)

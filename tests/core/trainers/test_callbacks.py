@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from flowpost.core.callbacks.base import Callback, CallbackList
 from flowpost.core.callbacks.ema import ema_decay
 from flowpost.core.trainers.offline.sft import SFTTrainer
 
@@ -72,3 +73,48 @@ def test_ema_snapshot_follows_the_decay_schedule(make_trainer, fresh_weights, tm
     assert ema_decay(0.9, 30, "linear", warmup_steps=10) == 0.9
     assert ema_decay(0.999, 7, "power", power=0.5) == pytest.approx(1 - 8**-0.5)
     assert ema_decay(0.5, 7, "power", power=0.5) == 0.5
+
+
+class _Recorder(Callback):
+    """Records the validation hooks it receives and counts steps (its checkpointed state)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.steps = 0
+
+    def on_step_end(self, trainer, metrics):
+        self.steps += 1
+
+    def on_validation_begin(self, trainer):
+        self.calls.append(("begin", trainer.progress.optimizer_step))
+
+    def on_validation_end(self, trainer, results):
+        self.calls.append(("end", results["step"]))
+        assert Path(results["grid"]).is_file()
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state):
+        self.steps = state.get("steps", 0)
+
+
+def test_the_loop_fires_the_validation_hooks_around_each_grid(make_trainer, tmp_path):
+    recorder = _Recorder()
+    validation = {"every": 2, "prompts": ["digit 1"], "samples_per_prompt": 1, "steps": 2}
+    make_trainer(tmp_path, callbacks={"validation": validation}, listeners={"recorder": recorder}, max_steps=4).start()
+    assert recorder.calls == [("begin", 2), ("end", 2), ("begin", 4), ("end", 4)]
+
+
+def test_two_callbacks_of_one_class_keep_their_own_state_through_a_checkpoint(make_trainer, tmp_path):
+    first, second = _Recorder(), _Recorder()
+    second.steps = 100
+    make_trainer(tmp_path, listeners={"first": first, "second": second}, max_steps=2).start()
+    assert (first.steps, second.steps) == (2, 102)
+    restored = {"first": _Recorder(), "second": _Recorder()}
+    make_trainer(tmp_path, listeners=restored, max_steps=2).start()  # resumes at its budget: nothing trains
+    assert (restored["first"].steps, restored["second"].steps) == (2, 102)
+
+
+def test_callback_state_is_keyed_by_configured_name() -> None:
+    assert CallbackList({"a": _Recorder(), "b": _Recorder()}).state_dict() == {"a": {"steps": 0}, "b": {"steps": 0}}

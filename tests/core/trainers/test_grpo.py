@@ -23,7 +23,7 @@ def test_replay_reproduces_rollout_log_probs_at_the_training_micro_batch(make_tr
         **SMALL,
     )
     rollout = trainer.sample()
-    trainer.score(rollout)
+    trainer.rollouts.score(rollout)
     assert rollout.log_probs.shape == (8, 5) and torch.isfinite(rollout.log_probs).all()
     for rows in ([0, 3, 5, 6], [1, 2, 4, 7]):  # the shuffled micro-batches training uses
         replayed = trainer.replay_log_probs(rollout.select(rows))
@@ -46,7 +46,7 @@ def test_replaying_all_steps_in_one_pass_matches_one_pass_per_step(make_trainer,
             **SMALL,
         )
         rollout = trainer.sample()
-        trainer.score(rollout)
+        trainer.rollouts.score(rollout)
         trainer.adapter.module().zero_grad()
         metrics = trainer.replay_loss(rollout.select([0, 3, 5, 6]), scale=1.0)
         params = [p for p in trainer.adapter.module().parameters() if p.grad is not None]

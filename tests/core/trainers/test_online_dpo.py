@@ -61,7 +61,7 @@ def test_margin_is_zero_at_the_reference_and_one_step_raises_it(make_trainer, tm
         tmp_path, cls=OnlineDPOTrainer, rewards=JPEG, sampling={"steps": 3}, lora_rank=lora_rank, lr=1e-4, **SMALL
     )
     rollout = trainer.sample()
-    trainer.score(rollout)
+    trainer.rollouts.score(rollout)
     pairs = preference_pairs(rollout)
     assert pairs.valid.all() and len(pairs) == 2
     errors, ref_errors, kl = trainer.pair_errors(pairs, 0)

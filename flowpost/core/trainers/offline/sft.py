@@ -7,12 +7,12 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from flowpost.core.contracts import OFFLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.contracts import Paradigm
 from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import DatasetArguments
-from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.dataset import DatasetTrainer
 from flowpost.core.trainers.inputs import BatchLoader
 from flowpost.core.trainers.matching import flow_matching_loss, noised
 from flowpost.errors import FlowpostError
@@ -21,7 +21,6 @@ from flowpost.errors import FlowpostError
 class SFTArguments(DatasetArguments):
     """``train:`` of an SFT stage."""
 
-    execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
     logit_mean: float = 0.0
@@ -29,11 +28,10 @@ class SFTArguments(DatasetArguments):
     cfg_dropout: float = Field(0.1, ge=0, le=1, description="probability of the null prompt")
 
 
-class SFTTrainer(BaseTrainer):
+class SFTTrainer(DatasetTrainer):
     """Flow matching with logit-normal sigmas and condition dropout for classifier-free guidance."""
 
-    execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
-    paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    Arguments = SFTArguments
     args: SFTArguments
 
     def setup(self) -> None:

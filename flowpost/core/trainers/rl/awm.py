@@ -8,12 +8,12 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.contracts import Paradigm
 from flowpost.core.models.base import ConditionState
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments
-from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import matching_error, noised, velocity_mse
 from flowpost.core.trainers.rl.grpo import ppo_clip_loss
 from flowpost.core.trainers.rl.rollout import Rollout
@@ -27,7 +27,6 @@ Weighting = Literal["uniform", "t", "t2", "huber", "ghuber"]
 class AWMArguments(OnlineArguments):
     """``train:`` of an AWM stage."""
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
     weighting: Weighting = Field("ghuber", description="time weighting w(l, t) of the matching error l")
@@ -74,15 +73,14 @@ def anchor_decay(optimizer_steps: int, *, ramp: float, max_decay: float) -> floa
     return min(max_decay, ramp * optimizer_steps)
 
 
-class AWMTrainer(BaseTrainer):
+class AWMTrainer(GenerationTrainer):
     """Advantage-weighted flow matching on clean rollout samples, with ratios to the sampling policy.
 
     ``log p~ = -w(l, t)`` at ``train_timesteps`` addressed (sigma, noise) points per sample; the
     sampling policy's values are computed once per iteration before any update.
     """
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
-    paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    Arguments = AWMArguments
     args: AWMArguments
     _first_ratio_error: float | None = None
 
@@ -103,21 +101,22 @@ class AWMTrainer(BaseTrainer):
             self.adapter.snapshots.capture(ANCHOR, self.adapter.module())
 
     def sample(self) -> Rollout:
-        return self.generate_samples()
+        return self.generate()
 
-    def optimize(self, samples: Rollout) -> None:
+    def optimize(self, samples: Rollout) -> dict[str, float]:
         self.old_log_probs = self.sampling_log_probs(samples)
         self._first_ratio_error = None
-        self.train_on_rollout(samples, lambda batch, scale: self.awm_loss(batch, scale=scale))
-        self._unit_metrics["on_policy_ratio_error"] = self._first_ratio_error or 0.0
+        metrics = self.train_on_rollout(samples, lambda batch, scale: self.awm_loss(batch, scale=scale))
+        return metrics | {"on_policy_ratio_error": self._first_ratio_error or 0.0}
 
-    def _after_acquisition_cycle(self) -> None:
+    def _after_acquisition_cycle(self) -> dict[str, float]:
         args = self.args
         if args.ema_kl_beta > 0:
             decay = anchor_decay(
                 self.progress.optimizer_step, ramp=args.ema_anchor_ramp, max_decay=args.ema_anchor_decay
             )
             self.adapter.snapshots.ema_update(ANCHOR, self.adapter.module(), decay)
+        return {}
 
     def training_points(self, batch: Rollout) -> tuple[Tensor, list[Tensor]]:
         """Per-sample sigmas [B, K] and noises K x [B, ...], addressed by (iteration, global index, slot)."""
@@ -150,7 +149,7 @@ class AWMTrainer(BaseTrainer):
         """
         device = self.accelerator.device
         values: dict[int, Tensor] = {}
-        for micro in self.micro_batches(len(samples), epoch=0):
+        for micro in self.rollouts.micro_batches(len(samples), self.progress.rollout_iteration, epoch=0):
             if not micro.rows:
                 continue
             batch = samples.select(micro.rows)

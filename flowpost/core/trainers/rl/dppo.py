@@ -31,6 +31,7 @@ def trust_region_mask(ratio: Tensor, advantages: Tensor, kl: Tensor, threshold: 
 class DPPOTrainer(GRPOTrainer):
     """``mean(-A * rho * sg(mask))`` (+ the optional KL to the reference)."""
 
+    Arguments = DPPOArguments
     args: DPPOArguments
 
     def policy_loss(

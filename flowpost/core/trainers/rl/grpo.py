@@ -8,11 +8,11 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.contracts import Paradigm
 from flowpost.core.models.base import NULL_PROMPT, ConditionState
 from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, sde_step
 from flowpost.core.trainers.arguments import OnlineArguments
-from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.rl.rollout import Rollout
 
 REFERENCE = "ref"
@@ -21,7 +21,6 @@ REFERENCE = "ref"
 class CoupledArguments(OnlineArguments):
     """What every trainer on replayed SDE transitions shares (GRPO and its strict extensions)."""
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
 
     kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
@@ -51,11 +50,10 @@ def ppo_clip_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, cl
     return torch.maximum(unclipped, clipped).mean()
 
 
-class GRPOTrainer(BaseTrainer):
+class GRPOTrainer(GenerationTrainer):
     """Replays every stored SDE step of a rollout under the current policy and applies PPO-clip."""
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
-    paradigm: ClassVar[Paradigm] = Paradigm.COUPLED
+    Arguments: ClassVar[type[CoupledArguments]] = GRPOArguments
     args: CoupledArguments
 
     def setup(self) -> None:
@@ -63,10 +61,10 @@ class GRPOTrainer(BaseTrainer):
             self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
 
     def sample(self) -> Rollout:
-        return self.generate_samples()
+        return self.generate()
 
-    def optimize(self, samples: Rollout) -> None:
-        self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale))
+    def optimize(self, samples: Rollout) -> dict[str, float]:
+        return self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale))
 
     def _condition_states(self, batch: Rollout) -> tuple[ConditionState, ConditionState | None]:
         device = self.accelerator.device

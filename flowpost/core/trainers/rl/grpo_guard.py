@@ -35,6 +35,7 @@ def normalized_ratio(log_prob: Tensor, old_log_prob: Tensor, mean: Tensor, old_m
 class GRPOGuardTrainer(GRPOTrainer):
     """PPO-clip on the normalised ratio; everything else is GRPO."""
 
+    Arguments = GRPOGuardArguments
     args: GRPOGuardArguments
 
     def policy_loss(

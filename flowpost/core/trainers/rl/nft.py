@@ -16,11 +16,11 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments
-from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import noised, velocity_mse
 from flowpost.core.trainers.rl.rollout import Rollout
 
@@ -31,7 +31,6 @@ REFERENCE = "ref"
 class NFTArguments(OnlineArguments):
     """``train:`` of a DiffusionNFT stage."""
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
     beta: float = Field(1.0, gt=0, description="implicit-policy mixing: v+ = beta v + (1 - beta) v_old")
@@ -98,11 +97,10 @@ def nft_loss(
     return (r * error_pos + (1 - r) * error_neg) / beta
 
 
-class NFTTrainer(BaseTrainer):
+class NFTTrainer(GenerationTrainer):
     """Samples with the old policy, then fits the implicit policies on noised final samples."""
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
-    paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    Arguments = NFTArguments
     args: NFTArguments
 
     def setup(self) -> None:
@@ -114,18 +112,18 @@ class NFTTrainer(BaseTrainer):
 
     def sample(self) -> Rollout:
         if self.args.rollout_policy == "live":
-            return self.generate_samples()
+            return self.generate()
         with self.adapter.use_snapshot(OLD):
-            return self.generate_samples()
+            return self.generate()
 
-    def optimize(self, samples: Rollout) -> None:
+    def optimize(self, samples: Rollout) -> dict[str, float]:
         self._passes = Counter()
-        self.train_on_rollout(samples, self.loss)
+        return self.train_on_rollout(samples, self.loss)
 
-    def _after_acquisition_cycle(self) -> None:
+    def _after_acquisition_cycle(self) -> dict[str, float]:
         decay = old_decay(self.args.old_decay, self.progress.optimizer_step)
         self.adapter.snapshots.ema_update(OLD, self.adapter.module(), decay)
-        self._unit_metrics["old_decay"] = decay
+        return {"old_decay": decay}
 
     def trained_sigmas(self, batch: Rollout) -> Tensor:
         """[B, n] sigmas of the trained steps: a per-sample permutation of the sampling sigmas, cut to n."""

@@ -9,12 +9,12 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
+from flowpost.core.contracts import Paradigm
 from flowpost.core.models.base import ConditionBatch
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments
-from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import matching_error, noised, velocity_mse
 from flowpost.core.trainers.preference import (
     LossType,
@@ -32,7 +32,6 @@ REFERENCE = "ref"
 class OnlineDPOArguments(OnlineArguments):
     """``train:`` of an online DPO stage; ``train_batch_size`` counts pairs (two samples each)."""
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
     beta: float = Field(1000.0, gt=0, description="DPO scale; the losses use beta / 2 (Diffusion-DPO convention)")
@@ -73,7 +72,7 @@ def preference_pairs(samples: Rollout) -> PreferencePairs:
     )
 
 
-class OnlineDPOTrainer(BaseTrainer):
+class OnlineDPOTrainer(GenerationTrainer):
     """Pairs the best and worst sample of every group and applies the DPO loss to their matching errors.
 
     Both arms of a pair share the noise and noise level, addressed by the chosen sample's global
@@ -81,8 +80,7 @@ class OnlineDPOTrainer(BaseTrainer):
     optimizer steps. Training runs the conditional model (guidance 1).
     """
 
-    execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
-    paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    Arguments = OnlineDPOArguments
     args: OnlineDPOArguments
 
     def setup(self) -> None:
@@ -98,12 +96,12 @@ class OnlineDPOTrainer(BaseTrainer):
         self._reference_step = 0
 
     def sample(self) -> Rollout:
-        return self.generate_samples()
+        return self.generate()
 
-    def optimize(self, samples: Rollout) -> None:
+    def optimize(self, samples: Rollout) -> dict[str, float]:
         pairs = preference_pairs(samples)
         skipped = float((~pairs.valid).sum())
-        self.train_on_rollout(
+        return self.train_on_rollout(
             pairs, lambda batch, scale: self.pair_loss(batch, scale=scale) | {"skipped_pairs": skipped}
         )
 

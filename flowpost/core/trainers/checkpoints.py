@@ -1,10 +1,11 @@
-"""Checkpoints, resume and final weights of a trainer (a mixin of ``BaseTrainer``).
+"""A trainer's checkpoints: save, resume from the latest intact one, and write the final weights.
 
 Every rank builds the training state (gathering sharded weights is collective); rank 0 writes it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,49 +26,58 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
-class PersistenceMixin:
-    """``save_checkpoint``, ``_resume`` (latest intact checkpoint) and ``save_final_weights``."""
+@dataclass(frozen=True)
+class Resumed:
+    """What a resume restored: the checkpoint, its progress, and the world it was written by."""
 
+    path: Path
+    progress: TrainingProgress
+    world_size: int
+    layout: str
+
+
+@dataclass
+class CheckpointManager:
+    """``save`` / ``resume`` / ``save_final`` of one stage's model, optimizer, snapshots and counters."""
+
+    output_dir: Path
     accelerator: Any
     adapter: ModelAdapter
-    args: Any
-    callbacks: CallbackList
-    completed_units: int
-    events: EventLog
+    parallel: Replicated
     model: torch.nn.Module
     optimizer: Any
-    output_dir: Path
-    parallel: Replicated
-    progress: TrainingProgress
     scheduler: Any
-    stage: str
-    _saved_progress: TrainingProgress | None = None
-    _resumed_with: dict[str, Any] | None = None  # the checkpoint's world size and layout, when they differ
+    callbacks: CallbackList
+    events: EventLog
+    keep_last: int | None = None
+    saved: TrainingProgress | None = None
 
-    def save_checkpoint(self) -> None:
+    def save(self, progress: TrainingProgress, *, units: int) -> None:
+        """Checkpoint ``progress``; ``units`` (budget units done) goes into the event."""
         layout, snapshots = self.parallel, self.adapter.snapshots
         state = TrainingState(  # every rank builds it: gathering sharded weights is collective
-            step=self.progress.optimizer_step,
+            step=progress.optimizer_step,
             model=layout.model_state(self.model),
             optimizer=layout.optimizer_state(self.model, self.optimizer.optimizer),
             scheduler=self.scheduler.state_dict(),
             snapshots={n: layout.snapshot_state(snapshots.state_dict(n)) for n in snapshots.names()},
             rng={"torch": torch.get_rng_state()},
             trainer={
-                "progress": self.progress.to_dict(),
+                "progress": progress.to_dict(),
                 "callbacks": self.callbacks.state_dict(),
                 "world_size": self.accelerator.num_processes,
                 "layout": layout.name,
             },
         )
         if self.accelerator.is_main_process:
-            path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.args.keep_last)
+            path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.keep_last)
             # ``step`` counts budget units like the other events; the folder is named by optimizer steps
-            self.events.emit("checkpoint", step=self.completed_units, optimizer_step=state.step, path=str(path))
+            self.events.emit("checkpoint", step=units, optimizer_step=state.step, path=str(path))
         self.accelerator.wait_for_everyone()
-        self._saved_progress = self.progress
+        self.saved = progress
 
-    def _resume(self) -> str | None:
+    def resume(self) -> Resumed | None:
+        """Load the latest intact checkpoint into the model, optimizer, snapshots and callbacks."""
         path = latest_checkpoint(self.output_dir / "checkpoints")
         if path is None:
             return None
@@ -85,25 +95,18 @@ class PersistenceMixin:
         for name, tensors in state.snapshots.items():
             self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, self.model))
         torch.set_rng_state(state.rng["torch"])
-        self.progress = TrainingProgress.from_dict(state.trainer["progress"])
         self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
-        self._saved_progress = self.progress
-        log.info("resumed stage %s from %s (step %d)", self.stage, path, state.step)
-        saved_world, saved_layout = int(state.trainer["world_size"]), str(state.trainer["layout"])
-        if (saved_world, saved_layout) != (self.accelerator.num_processes, layout.name):
-            self._resumed_with = {"resumed_with_ranks_from": saved_world, "resumed_with_layout_from": saved_layout}
-            log.warning(
-                "stage %s was checkpointed with %d %s process(es) and resumes with %d %s: the run continues with "
-                "the same global batches, but its numbers are no longer bit-identical to an uninterrupted run",
-                self.stage,
-                saved_world,
-                saved_layout,
-                self.accelerator.num_processes,
-                layout.name,
-            )
-        return str(path)
+        resumed = Resumed(
+            path=path,
+            progress=TrainingProgress.from_dict(state.trainer["progress"]),
+            world_size=int(state.trainer["world_size"]),
+            layout=str(state.trainer["layout"]),
+        )
+        self.saved = resumed.progress
+        log.info("resumed from %s (step %d)", path, state.step)
+        return resumed
 
-    def save_final_weights(self) -> None:
+    def save_final(self, progress: TrainingProgress) -> None:
         """``final/live`` always, ``final/<snapshot>`` for every snapshot (e.g. ``ema``), progress."""
         for name in [None, *self.adapter.snapshots.names()]:
             with self.parallel.whole_weights(self.adapter, name) as whole:
@@ -111,4 +114,4 @@ class PersistenceMixin:
                     with atomic_directory(self.output_dir / "final" / (name or "live")) as tmp:
                         whole.save_pretrained(tmp)
         if self.accelerator.is_main_process:
-            write_json_atomic(self.output_dir / "final" / "progress.json", self.progress.to_dict())
+            write_json_atomic(self.output_dir / "final" / "progress.json", progress.to_dict())

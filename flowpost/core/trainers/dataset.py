@@ -1,0 +1,80 @@
+"""DatasetTrainer: the dataset contract. One complete finite loader per data epoch.
+
+``data_epoch`` advances only after a clean exhaustion; gradients accumulate explicitly over
+``gradient_accumulation_steps`` micro-batches, and a trailing partial window is never used.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections import defaultdict
+from itertools import islice
+from typing import Any, ClassVar
+
+import torch
+
+from flowpost.core.contracts import Acquisition
+from flowpost.core.trainers.arguments import DatasetArguments
+from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.inputs import BatchLoader
+from flowpost.errors import FlowpostError
+
+
+class DatasetTrainer(BaseTrainer):
+    """Implements ``build_loader`` and ``optimize_batch``; the budget is optimizer steps."""
+
+    acquisition: ClassVar[Acquisition] = Acquisition.DATASET
+    arguments_base: ClassVar[type[DatasetArguments]] = DatasetArguments
+    args: DatasetArguments
+    _micro_index = 0
+
+    @abstractmethod
+    def build_loader(self) -> BatchLoader:
+        """The finite, rank-aware loader (``batches_per_epoch``, ``iter_epoch``)."""
+
+    @abstractmethod
+    def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``{"loss": scalar, ...metrics}`` of one micro-batch (the loop backpropagates the loss)."""
+
+    @property
+    def completed_units(self) -> int:
+        return self.progress.optimizer_step
+
+    def sample_indices(self, local_batch_size: int) -> list[int]:
+        """Global indices, within the current optimizer step, of this rank's micro-batch rows."""
+        base = self._micro_index * self.args.batch_size + self.accelerator.process_index * local_batch_size
+        return list(range(base, base + local_batch_size))
+
+    def _run_cycles(self, budget: int) -> None:
+        loader = self.build_loader()
+        accum = self.args.gradient_accumulation_steps
+        usable = loader.batches_per_epoch - loader.batches_per_epoch % accum
+        if usable == 0:
+            raise FlowpostError(
+                f"the dataset gives {loader.batches_per_epoch} batches per epoch at this batch size, "
+                f"fewer than gradient_accumulation_steps={accum}; lower batch_size or accumulation",
+                where=f"stages.{self.stage}.train.batch_size",
+            )
+        while self.progress.optimizer_step < budget:
+            self._run_epoch(loader, usable, accum, budget)
+
+    def _run_epoch(self, loader: BatchLoader, usable: int, accum: int, budget: int) -> None:
+        """One pass; ``data_epoch`` advances only when all ``usable`` batches ran cleanly."""
+        sums: dict[str, float] = defaultdict(float)
+        start = self.progress.epoch_cursor
+        batches = islice(loader.iter_epoch(self.progress.data_epoch, start_batch=start), usable - start)
+        for offset, batch in enumerate(batches):
+            self._micro_index = offset % accum
+            outputs = self.optimize_batch(batch)
+            self.backward(outputs["loss"] / accum)
+            for key, value in outputs.items():
+                sums[key] += float(value.detach()) / accum
+            if self._micro_index == accum - 1:
+                metrics = self.step_optimizer(dict(sums), micro_batches=accum)
+                if start + offset + 1 >= usable:
+                    self.progress = self.progress.after_epoch()
+                    metrics |= self._after_acquisition_cycle()
+                sums.clear()
+                self._end_budget_unit(budget, metrics)
+                if self.progress.optimizer_step >= budget:
+                    return

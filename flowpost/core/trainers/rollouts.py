@@ -1,0 +1,176 @@
+"""The rollout engine of a generating trainer: K-repeat groups, addressed noise, SDE inside a
+window; rewards and group advantages; the shuffled micro-batches training passes go through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from flowpost.core.advantages import advantage_metrics, group_advantages
+from flowpost.core.models.base import NULL_PROMPT
+from flowpost.core.noise import addressed_generator, addressed_randn
+from flowpost.core.rewards.combine import RewardOutput
+from flowpost.core.sampling.schedules import inference_sigmas
+from flowpost.core.trainers.rl.groups import plan_groups
+from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
+
+if TYPE_CHECKING:
+    from flowpost.core.config.schema import SamplingConfig
+    from flowpost.core.models.base import ModelAdapter
+    from flowpost.core.rewards.combine import WeightedRewards
+    from flowpost.core.trainers.arguments import OnlineArguments
+    from flowpost.core.trainers.inputs import StageInputs
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """This rank's rows of one global micro-batch; ``share`` = rows x world size / global rows."""
+
+    rows: list[int]
+    share: float
+
+
+@dataclass
+class RolloutEngine:
+    """``generate`` one iteration's samples, ``score`` them, and cut them into ``micro_batches``.
+
+    ``store`` keeps the SDE transitions for replay (coupled objectives); ``collective_passes``
+    says every rank must take part in every forward (sharded layouts).
+    """
+
+    adapter: ModelAdapter
+    accelerator: Any
+    args: OnlineArguments
+    sampling: SamplingConfig
+    inputs: StageInputs
+    seed: int
+    stage: str
+    store: bool
+    collective_passes: bool
+    rewards: WeightedRewards | None = None
+
+    def window(self, iteration: int) -> range:
+        """The steps sampled with SDE dynamics (and stored for training) in ``iteration``."""
+        sampling = self.sampling
+        size = sampling.window or sampling.steps - 1
+        low, high = sampling.window_start or (0, 0 if sampling.window is None else sampling.steps - 1 - size)
+        generator = addressed_generator(self.seed, self.stage, iteration, 0, "window")
+        start = int(torch.randint(low, high + 1, (1,), generator=generator))
+        return range(start, start + size)
+
+    def generate(self, iteration: int) -> Rollout:
+        """This rank's share of ``iteration``: K-repeat groups, addressed noise, SDE inside the window."""
+        args, sampling = self.args, self.sampling
+        where = f"stages.{self.stage}.data"
+        conditions = self.inputs.require("conditions", where=where)
+        pool = self.inputs.require("prompts", where=where)
+        plan = plan_groups(
+            len(pool),
+            prompts=args.prompts_per_iteration,
+            group_size=args.group_size,
+            seed=self.seed,
+            stage=self.stage,
+            iteration=iteration,
+        )
+        indices = list(plan.rank_slice(self.accelerator.process_index, self.accelerator.num_processes))
+        prompts = [pool[plan.prompt_rows[k]][0] for k in indices]
+        group_ids = [plan.group_ids[k] for k in indices]
+        metadata = [{**pool[plan.prompt_rows[k]][1], "group_id": plan.group_ids[k]} for k in indices]
+        address = {"seed": self.seed, "stage": self.stage, "step": iteration}
+        shape = self.adapter.latent_shape
+        device = self.accelerator.device
+        noise = addressed_randn(
+            shape, indices=group_ids if sampling.same_group_noise else indices, purpose="initial", **address
+        ).to(device)
+        window = self.window(iteration)
+        store = self.store
+        step_noise = {
+            j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device) for j in window
+        }
+        sigmas = inference_sigmas(sampling.steps, shift=self.adapter.shift)
+        batch = conditions.lookup(prompts).to(device)
+        null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
+        local = args.rollout_batch_size // self.accelerator.num_processes
+        parts = []
+        for start in range(0, len(indices), max(local, 1)):
+            rows = list(range(start, min(start + local, len(indices))))
+            state = self.adapter.prepare_condition_state(batch.index(rows))
+            negative = self.adapter.prepare_condition_state(null.index([0] * len(rows))) if null is not None else None
+            parts.append(
+                sample_trajectory(
+                    self.adapter,
+                    noise[rows],
+                    state,
+                    sigmas,
+                    window=window,
+                    step_noise={j: n[rows] for j, n in step_noise.items()},
+                    dynamics=sampling.dynamics,
+                    noise_level=sampling.noise_level,
+                    guidance=sampling.guidance,
+                    negative=negative,
+                    store=store,
+                )
+            )
+        traj = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+        steps = torch.tensor(list(window) if store else [], dtype=torch.long)
+        return Rollout(
+            prompts=prompts,
+            metadata=metadata,
+            group_ids=torch.tensor(group_ids),
+            indices=torch.tensor(indices),
+            conditions=batch,
+            steps=steps,
+            sigmas=sigmas[steps],
+            sigmas_next=sigmas[steps + 1],
+            **traj,
+        )
+
+    def micro_batches(self, size: int, iteration: int, epoch: int) -> list[MicroBatch]:
+        """Pass ``epoch`` (of ``iteration``)'s shuffled micro-batches over a rollout of ``size`` rows per rank.
+
+        The shuffle is over the global rows (rank ``r`` owns ``[r * size, (r + 1) * size)``) and a
+        micro-batch is ``train_batch_size`` global rows, so its composition does not depend on the
+        world size; each rank trains on the rows it owns, weighted by ``MicroBatch.share``. A rank
+        owning none of a micro-batch's rows skips it, except under a sharded layout, where it runs
+        row 0 with share 0 (every rank must take part in every forward and backward).
+        """
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        generator = addressed_generator(self.seed, self.stage, iteration, epoch, "shuffle")
+        order = torch.randperm(size * world, generator=generator).tolist()
+        width = max(self.args.train_batch_size, 1)
+        batches = []
+        for start in range(0, len(order), width):
+            chunk = order[start : start + width]
+            rows = [g - rank * size for g in chunk if rank * size <= g < (rank + 1) * size]
+            if not rows and self.collective_passes:
+                batches.append(MicroBatch([0], 0.0))  # a weightless pass: sharded ranks gather weights together
+            else:
+                batches.append(MicroBatch(rows, len(rows) * world / len(chunk)))
+        return batches
+
+    def score(self, rollout: Rollout) -> dict[str, float]:
+        """Rewards of this rank's samples, advantages over the gathered (all-rank) groups."""
+        if self.rewards is None:
+            raise TypeError("score() needs rewards; this stage has none")
+        output = self.rewards(self.adapter.decode(rollout.final).cpu(), rollout.prompts, rollout.metadata)
+        device = self.accelerator.device
+        gathered = RewardOutput(
+            total=self.accelerator.gather(output.total.to(device)).cpu(),
+            components={k: self.accelerator.gather(v.to(device)).cpu() for k, v in output.components.items()},
+        )
+        rewards = gathered.total
+        groups = self.accelerator.gather(rollout.group_ids.to(device)).cpu()
+        args = self.args
+        advantages = group_advantages(
+            rewards,
+            groups,
+            std=args.advantage_std,
+            clip=args.advantage_clip,
+        )
+        start = self.accelerator.process_index * len(rollout)
+        rollout.rewards = output.total
+        rollout.advantages = advantages[start : start + len(rollout)]
+        stats = advantage_metrics(rewards, groups, advantages, clip=args.advantage_clip)
+        return self.rewards.metrics(gathered) | {f"advantage/{key}": value for key, value in stats.items()}
