@@ -12,7 +12,7 @@ from flowpost.core.evaluation.grid import save_grid
 from flowpost.core.sampling.generate import generate_images
 
 if TYPE_CHECKING:
-    from flowpost.core.models.base import ConditionBatch
+    from flowpost.core.conditions import ConditionBatch
     from flowpost.core.trainers.base import BaseTrainer
 
 

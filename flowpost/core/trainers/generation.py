@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flowpost.core.advantages import advantage_metrics, group_advantages
+from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.contracts import Paradigm
-from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.rewards.combine import RewardOutput
 from flowpost.core.sampling.schedules import inference_sigmas

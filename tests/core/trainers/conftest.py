@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig, SamplingConfig
 from flowpost.core.io import write_json_atomic
 from flowpost.core.launch import build_callbacks, build_rewards
-from flowpost.core.models.base import ConditionBatch
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.offline.sft import SFTTrainer
