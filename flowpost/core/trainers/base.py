@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from flowpost.core.callbacks.base import Callback, CallbackList
-from flowpost.core.config.schema import SamplingConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.events import EventLog
@@ -21,6 +20,7 @@ from flowpost.core.models.base import ModelAdapter
 from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
+from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.generation import GenerationMixin
 from flowpost.core.trainers.inputs import BatchLoader, StageInputs

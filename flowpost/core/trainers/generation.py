@@ -18,10 +18,10 @@ from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 
 if TYPE_CHECKING:
-    from flowpost.core.config.schema import SamplingConfig
     from flowpost.core.models.base import ModelAdapter
     from flowpost.core.progress import TrainingProgress
     from flowpost.core.rewards.combine import WeightedRewards
+    from flowpost.core.sampling.config import SamplingConfig
     from flowpost.core.trainers.inputs import StageInputs
     from flowpost.core.trainers.spec import StageSpec
 
