@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -15,6 +14,7 @@ from pydantic import (
 )
 
 from flowpost.core.config.base import StrictModel
+from flowpost.core.extras import DEEPSPEED_INSTALL, deepspeed_installed
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.registry import arguments_class
@@ -130,13 +130,6 @@ class CallbacksConfig(StrictModel):
     grad_clip: GradClipConfig | None = None
     validation: ValidationConfig | None = None
     trackers: list[Literal["tensorboard", "dvclive", "wandb"]] = Field(default_factory=list)
-
-
-DEEPSPEED_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'flowpost[deepspeed]'"
-
-
-def deepspeed_installed() -> bool:
-    return importlib.util.find_spec("deepspeed") is not None
 
 
 class LaunchConfig(StrictModel):

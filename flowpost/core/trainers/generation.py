@@ -19,6 +19,7 @@ from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 
 if TYPE_CHECKING:
     from flowpost.core.models.base import ModelAdapter
+    from flowpost.core.parallel import ParallelLayout
     from flowpost.core.progress import TrainingProgress
     from flowpost.core.rewards.combine import WeightedRewards
     from flowpost.core.sampling.config import SamplingConfig
@@ -39,7 +40,7 @@ class GenerationMixin:
 
     accelerator: Any
     adapter: ModelAdapter
-    parallel: Any
+    parallel: ParallelLayout
     args: Any
     inputs: StageInputs
     paradigm: Paradigm

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from flowpost.core.callbacks.base import CallbackList
     from flowpost.core.events import EventLog
     from flowpost.core.models.base import ModelAdapter
-    from flowpost.core.parallel import Replicated
+    from flowpost.core.parallel import ParallelLayout
 
 log = get_logger(__name__)
 
@@ -37,7 +37,7 @@ class PersistenceMixin:
     model: torch.nn.Module
     optimizer: Any
     output_dir: Path
-    parallel: Replicated
+    parallel: ParallelLayout
     progress: TrainingProgress
     scheduler: Any
     stage: str
