@@ -13,6 +13,7 @@ from flowpost.core.contracts import (
     ExecutionContract,
     Feedback,
     Paradigm,
+    check_contracts,
 )
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.trainers.arguments import TrainerArguments
@@ -20,7 +21,6 @@ from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.registry import (
     TRAINERS,
     arguments_class,
-    check_contracts,
     trainer_class,
 )
 from flowpost.errors import FlowpostError

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from flowpost.core.callbacks.base import Callback, CallbackList
-from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
+from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm, check_contracts
 from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.events import EventLog
 from flowpost.core.models.base import ModelAdapter
@@ -25,7 +25,6 @@ from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.generation import GenerationMixin
 from flowpost.core.trainers.inputs import BatchLoader, StageInputs
 from flowpost.core.trainers.persistence import PersistenceMixin
-from flowpost.core.trainers.registry import check_contracts
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flowpost.core.contracts import check_contracts
 from flowpost.core.lazy import import_object
 from flowpost.errors import FlowpostError
 
@@ -48,15 +49,3 @@ def trainer_class(name: str, *, where: str = "trainer") -> type[BaseTrainer]:
     trainer = import_object(TRAINERS[_check_name(name, where)])
     check_contracts(trainer, arguments_class(name, where=where), where=where)
     return trainer
-
-
-def check_contracts(trainer: type, arguments: type, *, where: str = "trainer") -> None:
-    """Reject a trainer whose contract or paradigm differs from its arguments class'."""
-    for attr in ("execution_contract", "paradigm"):
-        mine, theirs = getattr(trainer, attr, None), getattr(arguments, attr, None)
-        if mine != theirs:
-            raise FlowpostError(
-                f"{trainer.__name__}.{attr} is {mine} but {arguments.__name__}.{attr} is {theirs}; "
-                "a trainer and its arguments class must declare the same value",
-                where=where,
-            )
