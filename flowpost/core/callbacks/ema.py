@@ -31,7 +31,7 @@ def ema_decay(
     return decay
 
 
-class EMACallback(Callback):
+class EMACallback(Callback["BaseTrainer"]):
     """Maintains ``snapshots['ema']`` after every optimizer step.
 
     The snapshot is keyed by the adapter's own network (``adapter.module()``), never by a

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from flowpost.core.trainers.base import BaseTrainer
 
 
-class GradClipCallback(Callback):
+class GradClipCallback(Callback["BaseTrainer"]):
     def __init__(self, *, max_norm: float) -> None:
         self.max_norm = max_norm
 

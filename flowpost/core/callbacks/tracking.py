@@ -79,7 +79,7 @@ def build_tracker(kind: str, log_dir: Path, *, name: str) -> Tracker:
     raise FlowpostError(f"unknown tracker {kind!r}; use tensorboard, dvclive or wandb", where="callbacks.trackers")
 
 
-class TrackingCallback(Callback):
+class TrackingCallback(Callback["BaseTrainer"]):
     """Logs step metrics to every configured tracker, rank 0 only.
 
     Same cadence as the step events: every ``log_every`` steps and at the final step.

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from flowpost.core.trainers.base import BaseTrainer
 
 
-class ValidationCallback(Callback):
+class ValidationCallback(Callback["BaseTrainer"]):
     """Every ``every`` optimizer steps, writes ``validation/step-N.png`` (rank 0)."""
 
     def __init__(
