@@ -1,8 +1,9 @@
-"""Imports flow downward only: flows -> tasks -> data -> core."""
+"""Imports flow downward only: flows -> tasks -> data -> core, and no module imports itself back."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,118 @@ def test_layer_imports_nothing_above_it(layer: str) -> None:
         and any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[layer])
     ]
     assert offenders == []
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` names (relative ones resolved against ``package``)."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join([*parts, node.module] if node.module else parts)
+
+
+def _targets(path: Path, module: str, modules: set[str]) -> Iterator[str]:
+    """The package modules ``path`` imports anywhere in it (lazy and ``TYPE_CHECKING`` imports included)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = _base(node, package)
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    yield f"{base}.{alias.name}"
+                elif base in modules:
+                    yield base
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the package at ``root`` it imports."""
+    paths = {_module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    return {module: set(_targets(path, module, set(paths))) for module, path in paths.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One closed import path per strongly connected component of more than one module (or a self-import)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = {stack.pop()}
+            while node not in component:
+                component.add(stack.pop())
+            if len(component) > 1 or node in graph[node]:
+                found.append(_closed_path(graph, min(component), component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _closed_path(graph: dict[str, set[str]], start: str, component: set[str]) -> list[str]:
+    """The shortest import path from ``start`` back to itself inside ``component``."""
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        node = frontier.pop(0)
+        for target in sorted(graph[node] & component):
+            if target == start:
+                return [*paths[node], start]
+            if target not in paths:
+                paths[target] = [*paths[node], target]
+                frontier.append(target)
+    raise AssertionError(f"{start} is in a component without a cycle through it")
+
+
+def test_cycle_finder_reports_a_closed_path() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+
+
+def test_the_import_graph_resolves_relative_lazy_and_submodule_imports(tmp_path: Path) -> None:
+    files = {
+        "__init__.py": "",
+        "a.py": "from . import b\nimport os\n",
+        "b.py": "def f():\n    from .sub import c\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .. import a\n",
+        "d.py": "import pkg.sub.c\nfrom pkg.sub import c as _, missing\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    graph = import_graph(tmp_path / "pkg")
+    assert graph == {
+        "pkg": set(),
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.sub.c"},
+        "pkg.d": {"pkg.sub", "pkg.sub.c"},
+        "pkg.sub": set(),
+        "pkg.sub.c": {"pkg.a"},
+    }
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    found = cycles(import_graph(PACKAGE))
+    assert found == [], "import cycles:\n" + "\n".join(" -> ".join(path) for path in found)
 
 
 def test_the_cli_answers_help_without_loading_torch() -> None:

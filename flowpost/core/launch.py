@@ -18,11 +18,12 @@ from flowpost.core.callbacks.base import Callback
 from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import TrackingCallback
+from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConfig
 from flowpost.core.distributed import leave_process_group
 from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.logging import get_logger
-from flowpost.core.models.base import NULL_PROMPT, ModelAdapter
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
 from flowpost.core.progress import TrainingProgress

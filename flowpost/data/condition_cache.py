@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.io import atomic_file, sha256_file, write_json_atomic
-from flowpost.core.models.base import ConditionBatch
 from flowpost.core.trainers.inputs import ConditionTable
 from flowpost.errors import FlowpostError
 

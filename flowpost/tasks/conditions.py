@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema import ConditionsConfig
 from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.models.text_encoders import build_encoder
 from flowpost.data.condition_cache import update_condition_cache
 

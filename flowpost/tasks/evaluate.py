@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
+from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema import EvaluateConfig
 from flowpost.core.evaluation.classifier import JUDGE_CLASSIFIER, REWARD_CLASSIFIER, load_classifier
 from flowpost.core.evaluation.digits import EvalPlan, digit_metrics, generate
 from flowpost.core.evaluation.grid import save_grid
 from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.models.registry import load_adapter
 from flowpost.data.condition_cache import load_conditions
 from flowpost.data.shards import read_shards

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
 
+from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.evaluation.digits import EvalPlan, generate
-from flowpost.core.models.base import ConditionBatch, ConditionState, ModelAdapter
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.generate import generate_images
@@ -83,8 +85,11 @@ class _State(ConditionState):
     def __len__(self) -> int:
         return int(self.pooled.shape[0])
 
-    @staticmethod
-    def cat(states: list[_State]) -> _State:
+    def index(self, rows: Tensor | list[int]) -> _State:
+        return _State(self.pooled[torch.as_tensor(rows, dtype=torch.long)])
+
+    @classmethod
+    def cat(cls, states: Sequence[_State]) -> _State:
         return _State(torch.cat([s.pooled for s in states]))
 
 

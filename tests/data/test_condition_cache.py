@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.io import sha256_file
-from flowpost.core.models.base import ConditionBatch
 from flowpost.data.condition_cache import (
     load_condition_table,
     load_conditions,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -15,6 +14,8 @@ from pydantic import (
 )
 
 from flowpost.core.config.base import StrictModel
+from flowpost.core.extras import DEEPSPEED_INSTALL, deepspeed_installed
+from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.registry import arguments_class
 
@@ -131,13 +132,6 @@ class CallbacksConfig(StrictModel):
     trackers: list[Literal["tensorboard", "dvclive", "wandb"]] = Field(default_factory=list)
 
 
-DEEPSPEED_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'flowpost[deepspeed]'"
-
-
-def deepspeed_installed() -> bool:
-    return importlib.util.find_spec("deepspeed") is not None
-
-
 class LaunchConfig(StrictModel):
     """How many processes train a stage. Topology (nodes, addresses) comes from flags/env."""
 
@@ -156,31 +150,6 @@ class LaunchConfig(StrictModel):
             raise ValueError(f"backend 'deepspeed-zero2' needs DeepSpeed: {DEEPSPEED_INSTALL}, or use ddp or fsdp2")
         if self.mixed_precision == "fp16":
             raise ValueError("fp16 needs loss scaling, which flowpost does not do; use mixed_precision: bf16")
-        return self
-
-
-class SamplingConfig(StrictModel):
-    """How generation trainers sample: SDE dynamics inside a window of steps, ODE elsewhere."""
-
-    dynamics: Literal["ode", "flow-sde", "dance-sde", "cps"] = "flow-sde"
-    steps: int = Field(10, ge=2)
-    noise_level: float = Field(0.7, ge=0, description="a for flow-sde and cps, eta for dance-sde")
-    guidance: float = Field(1.0, ge=0)
-    window: int | None = Field(None, ge=1, description="consecutive SDE steps (Fast); default: all but the last")
-    window_start: tuple[int, int] | None = Field(None, description="inclusive range the window start is drawn from")
-    same_group_noise: bool = Field(False, description="one initial noise per group")
-
-    @model_validator(mode="after")
-    def _window_fits(self) -> SamplingConfig:
-        size = self.window or self.steps - 1
-        if size > self.steps - 1:
-            raise ValueError(f"window {size} exceeds the {self.steps - 1} trainable steps (the last is never trained)")
-        if self.window_start is not None:
-            low, high = self.window_start
-            if not 0 <= low <= high or high + size > self.steps - 1:
-                raise ValueError(
-                    f"window_start {self.window_start} must satisfy 0 <= low <= high <= steps - 1 - window"
-                )
         return self
 
 

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.evaluation.classifier import DigitClassifier
 from flowpost.core.evaluation.frechet import frechet_distance
-from flowpost.core.models.base import ConditionBatch, ModelAdapter
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.rewards.digit_adherence import label_probability
 from flowpost.core.sampling.generate import generate_images
 

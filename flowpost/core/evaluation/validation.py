@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.evaluation.grid import save_grid
-from flowpost.core.models.base import ConditionBatch, ModelAdapter
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.sampling.generate import generate_images
 
 

@@ -4,62 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from flowpost.core.conditions import ConditionBatch, ConditionState
+
 ADAPTER_FILE = "flowpost_adapter.json"
-NULL_PROMPT = ""  # the unconditional (negative) prompt every condition cache holds
 DEFAULT_ENCODER_MAX_LENGTH = 16
-
-
-@dataclass
-class ConditionBatch:
-    """Encoded prompts as the condition cache stores them.
-
-    ``token_states`` [B, L, D] and ``token_mask`` [B, L] (1 = real token) are the per-token
-    encoder output; ``pooled`` [B, P] is the sentence vector.
-    """
-
-    token_states: Tensor
-    token_mask: Tensor
-    pooled: Tensor
-
-    def __len__(self) -> int:
-        return int(self.token_states.shape[0])
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> ConditionBatch:
-        return ConditionBatch(
-            token_states=self.token_states.to(device=device, dtype=dtype),
-            token_mask=self.token_mask.to(device=device),
-            pooled=self.pooled.to(device=device, dtype=dtype),
-        )
-
-    def index(self, rows: Tensor | list[int]) -> ConditionBatch:
-        rows_t = torch.as_tensor(rows, dtype=torch.long)
-        return ConditionBatch(
-            token_states=self.token_states[rows_t],
-            token_mask=self.token_mask[rows_t],
-            pooled=self.pooled[rows_t],
-        )
-
-    @staticmethod
-    def cat(batches: list[ConditionBatch]) -> ConditionBatch:
-        return ConditionBatch(
-            token_states=torch.cat([b.token_states for b in batches]),
-            token_mask=torch.cat([b.token_mask for b in batches]),
-            pooled=torch.cat([b.pooled for b in batches]),
-        )
-
-
-class ConditionState:
-    """Model-specific condition tensors, prepared once per batch from a ``ConditionBatch``."""
-
-    def __len__(self) -> int:
-        raise TypeError(f"{type(self).__name__} must define __len__")
 
 
 class ModelAdapter(ABC):
@@ -163,7 +117,7 @@ class ModelAdapter(ABC):
             return self.velocity(latents, sigma, state)
         if negative is None:
             raise ValueError("guidance != 1 needs the negative (null-prompt) condition state")
-        both = type(state).cat([state, negative])  # type: ignore[attr-defined]
+        both = type(state).cat([state, negative])
         sigma_t = torch.as_tensor(sigma, dtype=latents.dtype).expand(latents.shape[0])
         v_pos, v_neg = self.velocity(torch.cat([latents, latents]), torch.cat([sigma_t, sigma_t]), both).chunk(2)
         return v_neg + guidance * (v_pos - v_neg)

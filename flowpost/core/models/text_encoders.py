@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.io import sha256_file, sha256_json
-from flowpost.core.models.base import ConditionBatch
 from flowpost.errors import FlowpostError
 
 ENCODERS = ("minilm",)

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import Tensor
 
+from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.models.base import (
-    ADAPTER_FILE,
-    DEFAULT_ENCODER_MAX_LENGTH,
-    ConditionBatch,
-    ConditionState,
-    ModelAdapter,
-)
+from flowpost.core.models.base import ADAPTER_FILE, DEFAULT_ENCODER_MAX_LENGTH, ModelAdapter
 from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, has_lora, merged_copy
 from flowpost.core.roles import Snapshots
 from flowpost.core.seeding import seeded
@@ -48,12 +43,13 @@ class TinySD3State(ConditionState):
     def __len__(self) -> int:
         return int(self.encoder_hidden_states.shape[0])
 
-    def index(self, rows: Tensor) -> TinySD3State:
-        return TinySD3State(self.encoder_hidden_states[rows], self.pooled_projections[rows])
+    def index(self, rows: Tensor | list[int]) -> Self:
+        rows_t = torch.as_tensor(rows, dtype=torch.long)
+        return type(self)(self.encoder_hidden_states[rows_t], self.pooled_projections[rows_t])
 
-    @staticmethod
-    def cat(states: list[TinySD3State]) -> TinySD3State:
-        return TinySD3State(
+    @classmethod
+    def cat(cls, states: Sequence[Self]) -> Self:
+        return cls(
             torch.cat([s.encoder_hidden_states for s in states]),
             torch.cat([s.pooled_projections for s in states]),
         )

@@ -1,1 +1,1 @@
-"""Sigma schedules and sampler steps: pure functions, no scheduler state."""
+"""Sigma schedules and sampler steps (pure functions, no scheduler state), and the sampling config."""

@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from flowpost.core.conditions import NULL_PROMPT, ConditionBatch
 from flowpost.core.evaluation.grid import save_grid
-from flowpost.core.models.base import NULL_PROMPT, ConditionBatch, ModelAdapter
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.ode import sample_ode

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flowpost.core.models.base import ConditionState, ModelAdapter
+from flowpost.core.conditions import ConditionState
+from flowpost.core.models.base import ModelAdapter
 
 
 def euler_step(velocity: Tensor, sample: Tensor, sigma: Tensor | float, sigma_next: Tensor | float) -> Tensor:

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from flowpost.core.callbacks.base import Callback, CallbackList
-from flowpost.core.config.schema import SamplingConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
 from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.evaluation.validation import ValidationGrid
@@ -25,6 +24,7 @@ from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
+from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
 from flowpost.core.trainers.inputs import StageInputs

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from flowpost.core.callbacks.base import CallbackList
     from flowpost.core.events import EventLog
     from flowpost.core.models.base import ModelAdapter
-    from flowpost.core.parallel import Replicated
+    from flowpost.core.parallel import ParallelLayout
 
 log = get_logger(__name__)
 
@@ -43,7 +43,7 @@ class CheckpointManager:
     output_dir: Path
     accelerator: Any
     adapter: ModelAdapter
-    parallel: Replicated
+    parallel: ParallelLayout
     model: torch.nn.Module
     optimizer: Any
     scheduler: Any

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from flowpost.core.models.base import ConditionBatch
+from flowpost.core.conditions import ConditionBatch
 from flowpost.errors import FlowpostError
 
 

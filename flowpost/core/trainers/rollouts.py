@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flowpost.core.advantages import advantage_metrics, group_advantages
-from flowpost.core.models.base import NULL_PROMPT
+from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.rewards.combine import RewardOutput
 from flowpost.core.sampling.schedules import inference_sigmas
@@ -17,9 +17,9 @@ from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 
 if TYPE_CHECKING:
-    from flowpost.core.config.schema import SamplingConfig
     from flowpost.core.models.base import ModelAdapter
     from flowpost.core.rewards.combine import WeightedRewards
+    from flowpost.core.sampling.config import SamplingConfig
     from flowpost.core.trainers.arguments import OnlineArguments
     from flowpost.core.trainers.inputs import StageInputs
 

@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 import torch
 
-from flowpost.core.models.base import ADAPTER_FILE, ConditionBatch
+from flowpost.core.conditions import ConditionBatch
+from flowpost.core.models.base import ADAPTER_FILE
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter, TinySD3State
 from flowpost.errors import FlowpostError

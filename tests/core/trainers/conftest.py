@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from flowpost.core.callbacks.base import Callback
-from flowpost.core.config.schema import CallbacksConfig, RewardConfig, SamplingConfig
+from flowpost.core.conditions import ConditionBatch
+from flowpost.core.config.schema import CallbacksConfig, RewardConfig
 from flowpost.core.io import write_json_atomic
 from flowpost.core.launch import build_callbacks, build_rewards, build_validation
-from flowpost.core.models.base import ConditionBatch
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
+from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.offline.sft import SFTTrainer
 from flowpost.core.trainers.registry import TRAINERS, arguments_class, trainer_class

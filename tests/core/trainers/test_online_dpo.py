@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from flowpost.core.models.base import ConditionBatch
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.trainers.preference import group_pairs, implicit_accuracy, preference_loss, preference_margin
 from flowpost.core.trainers.rl.online_dpo import OnlineDPOTrainer, preference_pairs
 from flowpost.core.trainers.rl.rollout import Rollout

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
+from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.contracts import Paradigm
-from flowpost.core.models.base import NULL_PROMPT
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import DatasetArguments

@@ -8,8 +8,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from flowpost.core.conditions import ConditionState
 from flowpost.core.contracts import Paradigm
-from flowpost.core.models.base import ConditionState
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments

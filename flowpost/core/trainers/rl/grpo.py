@@ -8,8 +8,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.contracts import Paradigm
-from flowpost.core.models.base import NULL_PROMPT, ConditionState
 from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, sde_step
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
@@ -87,8 +87,8 @@ class GRPOTrainer(GenerationTrainer):
         target = batch.next_latents[:, steps.start : steps.stop].transpose(0, 1).flatten(0, 1).to(device)
         sigma = batch.sigmas[steps.start : steps.stop].repeat_interleave(size).to(device)
         sigma_next = batch.sigmas_next[steps.start : steps.stop].repeat_interleave(size).to(device)
-        repeated = type(state).cat([state] * len(steps))  # type: ignore[attr-defined]
-        negatives = None if negative is None else type(negative).cat([negative] * len(steps))  # type: ignore[attr-defined]
+        repeated = state.cat([state] * len(steps))
+        negatives = None if negative is None else negative.cat([negative] * len(steps))
         velocity = self.adapter.forward(x, sigma, repeated, guidance=sampling.guidance, negative=negatives)
         out = sde_step(
             sampling.dynamics, velocity, x, sigma, sigma_next, noise_level=sampling.noise_level, prev_sample=target

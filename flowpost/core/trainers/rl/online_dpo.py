@@ -9,8 +9,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.contracts import Paradigm
-from flowpost.core.models.base import ConditionBatch
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowpost.core.models.base import ConditionBatch, ConditionState, ModelAdapter
+from flowpost.core.conditions import ConditionBatch, ConditionState
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.sampling.ode import euler_step
 from flowpost.core.sampling.sde import sde_step
 

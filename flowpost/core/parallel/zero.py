@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from flowpost.core.config.schema import DEEPSPEED_INSTALL
-from flowpost.core.parallel import Replicated
+from flowpost.core.extras import DEEPSPEED_INSTALL
+from flowpost.core.parallel.replicated import Replicated
 from flowpost.errors import FlowpostError
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
