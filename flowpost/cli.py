@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flowpost.errors import FlowpostError
+
+if TYPE_CHECKING:
+    from flowpost.core.events import Event
 
 app = typer.Typer(
     help="Post-train flow-matching generators from a pipeline file.",
@@ -341,17 +344,12 @@ def reward_server(
         server.server_close()
 
 
-def _print_event(event: dict) -> None:
-    if event.get("event") == "start" and event.get("resumed_from"):
-        typer.echo(f"resuming from {event['resumed_from']} (step {event['step']})")
-        if event.get("resumed_with_ranks_from"):
-            typer.echo(
-                f"warning: checkpointed with {event['resumed_with_ranks_from']} {event['resumed_with_layout_from']} "
-                f"process(es), resuming with {event['ranks']}: same global batches, not bit-identical to an "
-                "uninterrupted run"
-            )
-    elif event.get("event") in ("step", "checkpoint", "done"):
-        typer.echo(f"{event['event']} {event.get('step', '')} {event.get('metrics', event.get('path', ''))}")
+def _print_event(event: Event) -> None:
+    from flowpost.core.events import StartEvent
+
+    typer.echo(event.describe())
+    if isinstance(event, StartEvent) and (warning := event.resume_warning()):
+        typer.echo(f"warning: {warning}")
 
 
 def _quiet_prefect_defaults() -> None:

@@ -154,7 +154,7 @@ class PipelineRun:
             return cache_conditions(p.conditions[node.key], datasets, out, extra_prompts=node.config["extra_prompts"])
         if node.kind == "train":
             done = run_training(self.train_spec(node.key, out, resume=resume), on_event=on_event)
-            return {"step": done["step"]}
+            return {"step": done.step}
         if node.kind == "eval":
             cond_dir = self.path(f"conditions.{p.evaluate.conditions}")
             return evaluate_stage(
