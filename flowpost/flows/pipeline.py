@@ -18,9 +18,10 @@ from prefect.states import Failed
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.events import Event, StartEvent, StepEvent
 from flowpost.errors import FlowpostError, TransientError
+from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.runner import NodeResult, PipelineRun
 
-HEAVY_KINDS = ("train", "eval")
+HEAVY_KINDS = (NodeKind.TRAIN, NodeKind.EVAL)
 
 
 def progress_bar(done: int, total: int, width: int = 24) -> str:
