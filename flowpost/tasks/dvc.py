@@ -18,6 +18,7 @@ import yaml
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import write_bytes_atomic
+from flowpost.errors import FlowpostError
 from flowpost.tasks.graph import Node, NodeKind, build_nodes, fixed_folder, reads_promoted
 
 PARAMS_FILE = "params.yaml"
@@ -120,3 +121,12 @@ def out_of_sync(pipeline: PipelineConfig, root: Path) -> list[str]:
     """The files under ``root`` that differ from what ``sync`` would write."""
     rendered = render(pipeline, code_dir=code_dir_in(root))
     return [name for name, text in rendered.items() if not (root / name).exists() or (root / name).read_text() != text]
+
+
+def check_in_sync(pipeline: PipelineConfig, root: Path) -> None:
+    """Raise naming the files under ``root`` that ``flowpost dvc sync`` would change."""
+    stale = out_of_sync(pipeline, root)
+    if stale:
+        raise FlowpostError(
+            f"{', '.join(stale)} out of sync with the pipeline; run `flowpost dvc sync`", where=str(root)
+        )

@@ -55,6 +55,7 @@ ATTEMPT = "_attempt.json"
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
+LAYOUTS: tuple[Layout, ...] = ("content", "fixed")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def test_publish_report_replaces_the_root_files_by_rename(tmp_path: Path, tiny_p
 
 
 def test_stage_command_accepts_smoke(tmp_path: Path, monkeypatch) -> None:
-    import flowpost.tasks.runner as runner
+    import flowpost.tasks.bare_node as bare_node
     from flowpost.cli import app
 
     seen = {}
@@ -43,9 +43,16 @@ def test_stage_command_accepts_smoke(tmp_path: Path, monkeypatch) -> None:
 
             return SimpleNamespace(node=node, status="ran", path=tmp_path)
 
-    monkeypatch.setattr(runner, "PipelineRun", FakeRun)
+    monkeypatch.setattr(bare_node, "PipelineRun", FakeRun)
     result = CliRunner().invoke(app, ["stage", "acquire.digits", "--smoke", "-w", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert seen["smoke"] is True
     result = CliRunner().invoke(app, ["stage", "acquire.digits", "-w", str(tmp_path)])
     assert result.exit_code == 0 and seen["smoke"] is False
+
+
+def test_stage_command_refuses_an_unknown_layout(tmp_path: Path) -> None:
+    from flowpost.cli import app
+
+    result = CliRunner().invoke(app, ["stage", "acquire.digits", "--layout", "flat", "-w", str(tmp_path)])
+    assert result.exit_code == 1 and "--layout: unknown layout 'flat'; use content or fixed" in str(result.exception)
