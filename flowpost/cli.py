@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from flowpost.errors import FlowpostError
+
+if TYPE_CHECKING:
+    from flowpost.core.events import Event
 
 app = typer.Typer(
     help="Post-train flow-matching generators from a pipeline file.",
@@ -29,17 +32,6 @@ MachinesOpt = Annotated[int | None, typer.Option("--num-machines", help="machine
 MachineRankOpt = Annotated[int | None, typer.Option("--machine-rank", help="this machine's rank (0: main)")]
 MainIpOpt = Annotated[str | None, typer.Option("--main-process-ip", help="address of machine 0")]
 MainPortOpt = Annotated[int | None, typer.Option("--main-process-port", help="rendezvous port on machine 0")]
-
-
-def _set_topology(machines: int | None, rank: int | None, ip: str | None, port: int | None) -> None:
-    """Flags given override the ``FLOWPOST_*`` topology variables every stage process reads."""
-    from dataclasses import replace
-
-    from flowpost.core.process_group import Topology
-
-    given = {"num_machines": machines, "machine_rank": rank, "main_process_ip": ip, "main_process_port": port}
-    topology = replace(Topology.from_env(), **{k: v for k, v in given.items() if v is not None})
-    os.environ.update(Topology.from_env(topology.to_env()).to_env())  # validated
 
 
 def _load(pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False):  # noqa: ANN202
@@ -69,9 +61,10 @@ def run(
     from rich.table import Table
 
     from flowpost.core.config.loading import pipeline_to_dict
+    from flowpost.core.process_group import export_topology
 
     config = _load(pipeline, set_, smoke=smoke)
-    _set_topology(num_machines, machine_rank, main_process_ip, main_process_port)
+    export_topology(num_machines, machine_rank, main_process_ip, main_process_port)
     _quiet_prefect_defaults()
     from flowpost.flows.pipeline import pipeline_flow
 
@@ -183,15 +176,14 @@ def stage(
     main_process_port: MainPortOpt = None,
 ) -> None:
     """Run one node without Prefect (its inputs must have completed)."""
-    from flowpost.tasks.runner import PipelineRun
+    from flowpost.core.process_group import export_topology
+    from flowpost.tasks.bare_node import run_bare_node
 
-    _set_topology(num_machines, machine_rank, main_process_ip, main_process_port)
-    if layout not in ("content", "fixed"):
-        raise FlowpostError(f"unknown layout {layout!r}; use content or fixed", where="--layout")
-    run_ = PipelineRun(_load(pipeline, set_, smoke=smoke), workspace, layout=layout)  # type: ignore[arg-type]
-    result = run_.execute(node, refresh=refresh, resume=resume, force=force, on_event=_print_event)
-    if node == "report":
-        run_.publish_report()
+    export_topology(num_machines, machine_rank, main_process_ip, main_process_port)
+    config = _load(pipeline, set_, smoke=smoke)
+    result = run_bare_node(
+        config, workspace, node, layout=layout, refresh=refresh, resume=resume, force=force, on_event=_print_event
+    )
     typer.echo(f"{result.node} {result.status} -> {result.path}")
 
 
@@ -203,15 +195,11 @@ def dvc_sync(
     check: Annotated[bool, typer.Option("--check", help="check the files are in sync (exit 1 if not)")] = False,
 ) -> None:
     """Write params.yaml (the resolved pipeline) and dvc.yaml (one DVC stage per node)."""
-    from flowpost.tasks.dvc import out_of_sync, sync
+    from flowpost.tasks.dvc import check_in_sync, sync
 
     config = _load(pipeline, set_)
     if check:
-        stale = out_of_sync(config, root)
-        if stale:
-            raise FlowpostError(
-                f"{', '.join(stale)} out of sync with the pipeline; run `flowpost dvc sync`", where=str(root)
-            )
+        check_in_sync(config, root)
         typer.echo("params.yaml and dvc.yaml are in sync")
         return
     changed = sync(config, root)
@@ -227,19 +215,10 @@ def check_consistency(
 ) -> None:
     """One rollout and one replay exactly as the trainer does them; prints a JSON line."""
     import json
-    import tempfile
 
-    from flowpost.core.diagnostics import check_consistency as check
-    from flowpost.core.launch import build_trainer
-    from flowpost.tasks.runner import PipelineRun
+    from flowpost.tasks.consistency import stage_consistency
 
-    run_ = PipelineRun(_load(pipeline, set_), workspace)
-    node = run_.node(f"train.{stage_name}")
-    missing = [dep for dep in node.deps if not run_.is_complete(dep)]
-    if missing:
-        raise FlowpostError(f"run {', '.join(missing)} first (flowpost stage NODE)", where=str(workspace))
-    with tempfile.TemporaryDirectory() as scratch:
-        result = check(build_trainer(run_.train_spec(stage_name, Path(scratch), resume=False)))
+    result = stage_consistency(_load(pipeline, set_), workspace, stage_name)
     typer.echo(json.dumps(result))
     if not result["ok"]:
         raise typer.Exit(1)
@@ -282,14 +261,9 @@ def sample(
 @app.command("list")
 def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards")]) -> None:
     """Print a registry."""
-    from flowpost.core.models.registry import FAMILIES
-    from flowpost.core.rewards.registry import REWARDS
-    from flowpost.core.trainers.registry import TRAINERS
+    from flowpost.core.registries import registry
 
-    registries = {"trainers": TRAINERS, "models": FAMILIES, "rewards": REWARDS}
-    if what not in registries:
-        raise FlowpostError(f"unknown registry {what!r}; use trainers, models or rewards", where="flowpost list")
-    for name, target in sorted(registries[what].items()):
+    for name, target in registry(what).items():
         typer.echo(f"{name}\t{target}")
 
 
@@ -312,8 +286,7 @@ def reward_server(
     """Serve a registered reward over HTTP (POST /score, GET /health) until Ctrl-C."""
     import yaml
 
-    from flowpost.core.rewards.registry import build_reward
-    from flowpost.core.rewards.server import serve_reward
+    from flowpost.core.rewards.server import serve_registered_reward
 
     where = "flowpost reward-server"
     options = {}
@@ -327,31 +300,17 @@ def reward_server(
         token = os.environ.get(token_env)
         if not token:
             raise FlowpostError(f"environment variable {token_env} (--token-env) is not set", where=where)
-    from flowpost.core.io import sha256_json
-
-    version = version or sha256_json({"reward": name, "options": options})[:12]
-    reward = build_reward(name, options=options, where=where)
-    server = serve_reward(reward, host=host, port=port, token=token, version=version)
-    typer.echo(f"serving reward {name!r} version {version} at {server.url} (health: GET /health); Ctrl-C stops")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    server = serve_registered_reward(name, options, host=host, port=port, token=token, version=version, where=where)
+    typer.echo(f"serving reward {name!r} version {server.version} at {server.url} (health: GET /health); Ctrl-C stops")
+    server.serve_until_interrupted()
 
 
-def _print_event(event: dict) -> None:
-    if event.get("event") == "start" and event.get("resumed_from"):
-        typer.echo(f"resuming from {event['resumed_from']} (step {event['step']})")
-        if event.get("resumed_with_ranks_from"):
-            typer.echo(
-                f"warning: checkpointed with {event['resumed_with_ranks_from']} {event['resumed_with_layout_from']} "
-                f"process(es), resuming with {event['ranks']}: same global batches, not bit-identical to an "
-                "uninterrupted run"
-            )
-    elif event.get("event") in ("step", "checkpoint", "done"):
-        typer.echo(f"{event['event']} {event.get('step', '')} {event.get('metrics', event.get('path', ''))}")
+def _print_event(event: Event) -> None:
+    from flowpost.core.events import StartEvent
+
+    typer.echo(event.describe())
+    if isinstance(event, StartEvent) and (warning := event.resume_warning()):
+        typer.echo(f"warning: {warning}")
 
 
 def _quiet_prefect_defaults() -> None:

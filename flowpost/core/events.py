@@ -1,11 +1,151 @@
-"""JSON-lines events written by rank 0 of a training stage and tailed by the orchestrator."""
+"""JSON-lines events written by rank 0 of a training stage and tailed by the orchestrator.
+
+One frozen dataclass per kind (``start``, ``step``, ``checkpoint``, ``done``): ``parse`` reads one
+from its JSON record, ``describe()`` is the line a reader prints, ``parse_event`` dispatches on kind.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from abc import ABC, abstractmethod
+from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
+
+from flowpost.errors import FlowpostError
+
+
+def resume_warning(saved_ranks: int, saved_layout: str, ranks: int, layout: str | None = None) -> str | None:
+    """What a resume under another world size or layout costs; None when nothing changed.
+
+    ``layout`` None means "unknown, but it differs": the caller saw a change.
+    """
+    if (saved_ranks, saved_layout) == (ranks, layout):
+        return None
+    now = f"{ranks} {layout}" if layout else f"{ranks}"
+    return (
+        f"checkpointed with {saved_ranks} {saved_layout} process(es) and resumed with {now}: the same global "
+        "batches, but the numbers are no longer bit-identical to an uninterrupted run"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event(ABC):
+    """Fields every event carries; ``time`` is stamped by the log when written."""
+
+    kind: ClassVar[str]
+    stage: str
+    step: int
+    time: float | None = None
+
+    @classmethod
+    def parse(cls, record: dict[str, Any], *, where: str | None = None) -> Self:
+        """The event in ``record`` (one JSON object of the log); fields it does not declare are ignored."""
+        if record.get("event") != cls.kind:
+            raise FlowpostError(f"expected a {cls.kind!r} event, got {record.get('event')!r}", where=where)
+        declared = dataclasses.fields(cls)
+        missing = [f.name for f in declared if f.name not in record and f.default is MISSING]
+        if missing:
+            raise FlowpostError(f"{cls.kind!r} event lacks {', '.join(missing)}: {record}", where=where)
+        return cls(**{f.name: record[f.name] for f in declared if f.name in record})
+
+    def payload(self) -> dict[str, Any]:
+        """The fields the log records besides ``event``, ``stage`` and ``time``, in order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("stage", "time")}
+
+    @abstractmethod
+    def describe(self) -> str:
+        """The one line a reader prints for this event."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Budgeted(Event):
+    max_steps: int
+
+    @property
+    def percent(self) -> float:
+        """Share of the stage's budget done, in percent."""
+        return 100.0 * self.step / self.max_steps if self.max_steps else 100.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartEvent(_Budgeted):
+    """The stage starts (``resumed_from``: the checkpoint it resumes, if any).
+
+    ``resumed_with_*_from``: the checkpoint's world size and layout, recorded only when they differ
+    from this run's.
+    """
+
+    kind: ClassVar[str] = "start"
+    resumed_from: str | None = None
+    ranks: int
+    resumed_with_ranks_from: int | None = None
+    resumed_with_layout_from: str | None = None
+    layout: str | None = None
+
+    def payload(self) -> dict[str, Any]:
+        optional = ("resumed_with_ranks_from", "resumed_with_layout_from", "layout")
+        return {k: v for k, v in super().payload().items() if k not in optional or v is not None}
+
+    def describe(self) -> str:
+        if self.resumed_from:
+            return f"resuming from {self.resumed_from} (step {self.step})"
+        return f"starting at step {self.step} of {self.max_steps}"
+
+    def resume_warning(self) -> str | None:
+        """The warning of a resume under another world size or layout (None otherwise)."""
+        if self.resumed_with_ranks_from is None or self.resumed_with_layout_from is None:
+            return None
+        return resume_warning(self.resumed_with_ranks_from, self.resumed_with_layout_from, self.ranks, self.layout)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEvent(_Budgeted):
+    """A logged budget unit and its metrics."""
+
+    kind: ClassVar[str] = "step"
+    metrics: dict[str, float]
+
+    def describe(self) -> str:
+        metrics = " ".join(f"{key}={value:.4g}" for key, value in sorted(self.metrics.items()))
+        return f"step {self.step}/{self.max_steps} {metrics}".rstrip()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointEvent(Event):
+    """A checkpoint was written; ``step`` counts budget units, its folder is named by optimizer steps."""
+
+    kind: ClassVar[str] = "checkpoint"
+    optimizer_step: int
+    path: str
+
+    def describe(self) -> str:
+        return f"checkpoint at step {self.step}: {self.path}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoneEvent(Event):
+    """The stage reached its budget; ``progress`` is its final ``TrainingProgress`` as a dict."""
+
+    kind: ClassVar[str] = "done"
+    progress: dict[str, int]
+    ranks: int
+
+    def describe(self) -> str:
+        return f"done at step {self.step} on {self.ranks} rank(s)"
+
+
+EVENT_TYPES: dict[str, type[Event]] = {kind.kind: kind for kind in (StartEvent, StepEvent, CheckpointEvent, DoneEvent)}
+
+
+def parse_event(record: dict[str, Any], *, where: str | None = None) -> Event:
+    """The typed event of a JSON record, by its ``event`` field."""
+    kind = record.get("event")
+    if kind not in EVENT_TYPES:
+        raise FlowpostError(f"unknown event {kind!r}; known: {', '.join(EVENT_TYPES)}", where=where)
+    return EVENT_TYPES[kind].parse(record, where=where)
 
 
 class EventLog:
@@ -29,6 +169,10 @@ class EventLog:
             handle.write(json.dumps(record, default=float) + "\n")
             handle.flush()
 
+    def write(self, event: Event) -> None:
+        """Append a typed event as ``emit`` would (the log's stage, the current time)."""
+        self.emit(event.kind, **event.payload())
+
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """All complete events in ``path`` (a trailing partial line is ignored)."""
@@ -42,3 +186,8 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return events
+
+
+def read_typed_events(path: str | Path, *, start: int = 0) -> list[Event]:
+    """``read_events(path)[start:]`` as typed events; a malformed record raises naming ``path``."""
+    return [parse_event(record, where=str(path)) for record in read_events(path)[start:]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flowpost.core.io import read_json, write_json_atomic
@@ -58,6 +58,25 @@ class Topology:
             MAIN_PROCESS_IP_ENV: self.main_process_ip,
             MAIN_PROCESS_PORT_ENV: str(self.main_process_port),
         }
+
+
+def export_topology(
+    num_machines: int | None = None,
+    machine_rank: int | None = None,
+    main_process_ip: str | None = None,
+    main_process_port: int | None = None,
+) -> Topology:
+    """Override the ``FLOWPOST_*`` topology variables every stage process reads with the values
+    given, check the result, and return it."""
+    given = {
+        "num_machines": num_machines,
+        "machine_rank": machine_rank,
+        "main_process_ip": main_process_ip,
+        "main_process_port": main_process_port,
+    }
+    topology = replace(Topology.from_env(), **{k: v for k, v in given.items() if v is not None})
+    os.environ.update(Topology.from_env(topology.to_env()).to_env())  # validated
+    return topology
 
 
 def torchrun_arguments(spec_path: str | Path, num_processes: int, topology: Topology) -> list[str]:

@@ -16,10 +16,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
 from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.events import Event, StartEvent, StepEvent
 from flowpost.errors import FlowpostError, TransientError
+from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.runner import NodeResult, PipelineRun
 
-HEAVY_KINDS = ("train", "eval")
+HEAVY_KINDS = (NodeKind.TRAIN, NodeKind.EVAL)
 
 
 def progress_bar(done: int, total: int, width: int = 24) -> str:
@@ -60,33 +62,21 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
     logger = get_run_logger()
     state: dict[str, Any] = {}
 
-    def on_event(event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "start":
-            if event.get("resumed_from"):
-                logger.info("%s resumes from %s (step %d)", node_id, event["resumed_from"], event["step"])
-                if event.get("resumed_with_ranks_from"):
-                    logger.warning(
-                        "%s was checkpointed with %d %s process(es) and resumes with %d (not bit-identical)",
-                        node_id,
-                        event["resumed_with_ranks_from"],
-                        event["resumed_with_layout_from"],
-                        event["ranks"],
-                    )
+    def on_event(event: Event) -> None:
+        bar = f"{progress_bar(event.step, event.max_steps)} " if isinstance(event, StepEvent) else ""
+        logger.info("%s %s%s", node_id, bar, event.describe())
+        if isinstance(event, StartEvent):
+            if warning := event.resume_warning():
+                logger.warning("%s %s", node_id, warning)
             state["artifact"] = create_progress_artifact(
-                progress=100.0 * event["step"] / event["max_steps"],
+                progress=event.percent,
                 key=f"progress-{_artifact_key(node_id)}",
                 description=f"{node_id}: optimizer steps",
             )
-        elif kind == "step":
-            state.setdefault("rows", []).append({"step": event["step"], **event.get("metrics", {})})
-            metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(event.get("metrics", {}).items()))
-            bar = progress_bar(event["step"], event["max_steps"])
-            logger.info("%s %s %d/%d %s", node_id, bar, event["step"], event["max_steps"], metrics)
+        elif isinstance(event, StepEvent):
+            state.setdefault("rows", []).append({"step": event.step, **event.metrics})
             if "artifact" in state:
-                update_progress_artifact(state["artifact"], progress=100.0 * event["step"] / event["max_steps"])
-        elif kind == "checkpoint":
-            logger.info("%s checkpoint %s", node_id, event["path"])
+                update_progress_artifact(state["artifact"], progress=event.percent)
 
     try:
         result = run.execute(node_id, refresh=refresh, resume=resume, on_event=on_event)

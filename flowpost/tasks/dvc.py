@@ -18,7 +18,8 @@ import yaml
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import write_bytes_atomic
-from flowpost.tasks.graph import Node, build_nodes, fixed_folder, reads_promoted
+from flowpost.errors import FlowpostError
+from flowpost.tasks.graph import Node, NodeKind, build_nodes, fixed_folder, reads_promoted
 
 PARAMS_FILE = "params.yaml"
 DVC_FILE = "dvc.yaml"
@@ -29,33 +30,33 @@ HEADER = "# Written by `flowpost dvc sync`; edit the pipeline file and sync agai
 def _params(node: Node, pipeline: PipelineConfig) -> list[str]:
     """The ``params.yaml`` keys a node's fingerprint reads (the same exclusions as the fingerprint)."""
     common = ["seed", "smoke"]
-    if node.kind == "acquire":
+    if node.kind is NodeKind.ACQUIRE:
         return [*common, f"datasets.{node.key}"]
-    if node.kind == "conditions":
+    if node.kind is NodeKind.CONDITIONS:
         return [f"conditions.{node.key}"]
-    if node.kind == "train":
+    if node.kind is NodeKind.TRAIN:
         stage = f"stages.{node.key}"
         keys = [f"{stage}.{k}" for k in node.config if k not in ("seed", "smoke", "callbacks", "launch")]
         keys += [f"{stage}.callbacks.{k}" for k in node.config["callbacks"]]
         keys += [f"{stage}.launch.{k}" for k in node.config["launch"]]
         return [*common, *keys]
-    if node.kind == "eval":
+    if node.kind is NodeKind.EVAL:
         return [*common, *(f"evaluate.{k}" for k in pipeline.evaluate.model_dump() if k != "after")]
-    if node.kind == "export":
+    if node.kind is NodeKind.EXPORT:
         gated = pipeline.export is not None and pipeline.export.promote is not None
         section = ["export.from", "export.formats"] if gated else ["export"]  # the gate is the promote stage's
         return [*common, *section, "evaluate.weights"]
-    if node.kind == "promote":
+    if node.kind is NodeKind.PROMOTE:
         return [*common, "export.promote"]
     return ["name", "evaluate.after"]
 
 
 def _outs(node: Node, folder: str) -> dict[str, list[Any]]:
-    if node.kind == "train":
+    if node.kind is NodeKind.TRAIN:
         return {
             "outs": [f"{folder}/final", {f"{folder}/checkpoints": {"persist": True, "cache": False}}],
         }
-    if node.kind == "report":
+    if node.kind is NodeKind.REPORT:
         return {"outs": [f"{WORKSPACE}/report.md"], "metrics": [{f"{WORKSPACE}/metrics.json": {"cache": False}}]}
     return {"outs": [folder]}
 
@@ -67,7 +68,7 @@ def dvc_stages(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, A
     stages: dict[str, Any] = {}
     for node in nodes:
         deps = ([code_dir] if code_dir else []) + [_dep_path(folders[dep], dep) for dep in node.deps]
-        dataset = pipeline.datasets.get(node.key) if node.kind == "acquire" else None
+        dataset = pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
         deps += [dataset.path] if dataset is not None and dataset.path else []  # prompt files: DVC hashes them
         stage: dict[str, Any] = {
             "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
@@ -120,3 +121,12 @@ def out_of_sync(pipeline: PipelineConfig, root: Path) -> list[str]:
     """The files under ``root`` that differ from what ``sync`` would write."""
     rendered = render(pipeline, code_dir=code_dir_in(root))
     return [name for name, text in rendered.items() if not (root / name).exists() or (root / name).read_text() != text]
+
+
+def check_in_sync(pipeline: PipelineConfig, root: Path) -> None:
+    """Raise naming the files under ``root`` that ``flowpost dvc sync`` would change."""
+    stale = out_of_sync(pipeline, root)
+    if stale:
+        raise FlowpostError(
+            f"{', '.join(stale)} out of sync with the pipeline; run `flowpost dvc sync`", where=str(root)
+        )

@@ -16,16 +16,10 @@ from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.registry import load_adapter
 from flowpost.data.condition_cache import load_conditions
 from flowpost.data.shards import read_shards
+from flowpost.tasks.weights import stage_weights
 
 SMOKE_SAMPLES = 20
 GRID_COLUMNS = 10  # one row per digit
-
-
-def stage_weights(train_dir: Path, preferred: str) -> tuple[Path, str]:
-    """``final/ema`` when preferred and present, else ``final/live``; and which it is."""
-    if preferred == "ema" and (train_dir / "final" / "ema").is_dir():
-        return train_dir / "final" / "ema", "ema"
-    return train_dir / "final" / "live", "live"
 
 
 def evaluate_stage(

@@ -9,7 +9,7 @@ from typing import Any
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE
 from flowpost.core.provenance import git_state, library_versions
-from flowpost.tasks.evaluate import stage_weights
+from flowpost.tasks.weights import stage_weights
 
 EXPORT_MANIFEST = "export.json"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -14,12 +15,24 @@ from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import sha256_json
 
 
+class NodeKind(StrEnum):
+    """What a node does; its value is the id prefix and what fingerprints and tags record."""
+
+    ACQUIRE = "acquire"
+    CONDITIONS = "conditions"
+    TRAIN = "train"
+    EVAL = "eval"
+    EXPORT = "export"
+    PROMOTE = "promote"
+    REPORT = "report"
+
+
 @dataclass(frozen=True)
 class Node:
     """One unit of work: ``kind`` is its function, ``key`` the config entry it runs."""
 
     id: str
-    kind: str
+    kind: NodeKind
     key: str
     deps: tuple[str, ...]
     config: dict[str, Any]
@@ -38,7 +51,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         nodes.append(
             Node(
                 f"acquire.{name}",
-                "acquire",
+                NodeKind.ACQUIRE,
                 name,
                 (),
                 {**common, **dataset.model_dump(mode="json")},
@@ -56,7 +69,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         nodes.append(
             Node(
                 f"conditions.{name}",
-                "conditions",
+                NodeKind.CONDITIONS,
                 name,
                 tuple(f"acquire.{ds}" for ds in cond.datasets),
                 {**cond.model_dump(mode="json"), "extra_prompts": extra},
@@ -73,7 +86,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         nodes.append(
             Node(
                 f"train.{name}",
-                "train",
+                NodeKind.TRAIN,
                 name,
                 tuple(deps),
                 {**common, **_train_config(stage.model_dump(mode="json"))},
@@ -90,7 +103,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         nodes.append(
             Node(
                 f"eval.{name}",
-                "eval",
+                NodeKind.EVAL,
                 name,
                 tuple(deps),
                 {**common, **evaluate},
@@ -102,7 +115,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         nodes.append(
             Node(
                 "export",
-                "export",
+                NodeKind.EXPORT,
                 source,
                 tuple(deps),
                 {
@@ -114,24 +127,24 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         )
     if p.export is not None and p.export.promote is not None:
         gate = p.export.promote.model_dump(mode="json")
-        nodes.append(Node("promote", "promote", p.export.from_stage, ("export",), {**common, **gate}))
-    report_deps = tuple(node.id for node in nodes if node.kind in ("eval", "export", "promote"))
-    nodes.append(Node("report", "report", "report", report_deps, {**common, "name": p.name}))
+        nodes.append(Node("promote", NodeKind.PROMOTE, p.export.from_stage, ("export",), {**common, **gate}))
+    report_deps = tuple(node.id for node in nodes if node.kind in (NodeKind.EVAL, NodeKind.EXPORT, NodeKind.PROMOTE))
+    nodes.append(Node("report", NodeKind.REPORT, "report", report_deps, {**common, "name": p.name}))
     return nodes
 
 
 def fixed_folder(node: Node, pipeline: PipelineConfig) -> str:
     """The node's folder in the fixed layout DVC uses (``data/``, ``conditions/``, ``stages/``, ``eval/``)."""
-    kind, key = node.kind, node.key
-    if kind == "acquire":
-        return f"data/{key}"
-    if kind == "train":
-        return f"stages/{key}"
-    if kind == "export":
-        return f"stages/{key}/export"
-    if kind == "promote":
-        return f"stages/{key}/promotion"
-    return {"conditions": f"conditions/{key}", "eval": f"eval/{key}", "report": "report"}[kind]
+    key = node.key
+    return {
+        NodeKind.ACQUIRE: f"data/{key}",
+        NodeKind.CONDITIONS: f"conditions/{key}",
+        NodeKind.TRAIN: f"stages/{key}",
+        NodeKind.EVAL: f"eval/{key}",
+        NodeKind.EXPORT: f"stages/{key}/export",
+        NodeKind.PROMOTE: f"stages/{key}/promotion",
+        NodeKind.REPORT: "report",
+    }[node.kind]
 
 
 def _train_config(stage: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +175,7 @@ def code_fingerprint() -> str:
 
 def reads_promoted(node: Node) -> bool:
     """Whether the node's result depends on the promoted export: the gate, and stages with ``init: previous``."""
-    return node.kind == "promote" or (node.kind == "train" and node.config["model"]["init"] == "previous")
+    return node.kind is NodeKind.PROMOTE or (node.kind is NodeKind.TRAIN and node.config["model"]["init"] == "previous")
 
 
 def fingerprint_inputs(
@@ -175,7 +188,7 @@ def fingerprint_inputs(
     prints: dict[str, str] = {}
     for node in nodes:
         deps = {d: prints[d] for d in node.deps}
-        inputs[node.id] = {"kind": node.kind, "config": node.config, "deps": deps, "code": code}
+        inputs[node.id] = {"kind": node.kind.value, "config": node.config, "deps": deps, "code": code}
         found = sources(node, deps) if sources is not None else {}
         if found:
             inputs[node.id]["sources"] = found

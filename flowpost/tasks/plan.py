@@ -8,6 +8,7 @@ from typing import Any
 
 from flowpost.core.io import read_json
 from flowpost.errors import FlowpostError
+from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.runner import COMPLETE, PipelineRun
 
 MAX_CHANGES = 4  # config differences named per node; the rest are counted
@@ -36,7 +37,8 @@ def plan_run(run: PipelineRun, *, refresh: bool = False) -> list[PlannedNode]:
 def _why_stale(run: PipelineRun, node_id: str) -> str:
     """Compare the node's inputs with those of its most recent completed result in the workspace."""
     folder = run.path(node_id)
-    partial = " (an interrupted attempt will resume)" if folder.is_dir() and run.nodes[node_id].kind == "train" else ""
+    resumable = folder.is_dir() and run.nodes[node_id].kind is NodeKind.TRAIN
+    partial = " (an interrupted attempt will resume)" if resumable else ""
     previous = _latest_completed(folder.parent)
     if previous is None:
         return "no earlier result" + partial

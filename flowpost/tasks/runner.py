@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,7 +30,15 @@ from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
 from flowpost.tasks.evaluate import evaluate_stage
 from flowpost.tasks.export import export_stage
-from flowpost.tasks.graph import PROMOTED, Node, build_nodes, fingerprint_inputs, fixed_folder, reads_promoted
+from flowpost.tasks.graph import (
+    PROMOTED,
+    Node,
+    NodeKind,
+    build_nodes,
+    fingerprint_inputs,
+    fixed_folder,
+    reads_promoted,
+)
 from flowpost.tasks.promote import (
     judged_against,
     promote_export,
@@ -39,12 +48,14 @@ from flowpost.tasks.promote import (
 )
 from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
+from flowpost.tasks.weights import stage_weights
 
 COMPLETE = "_complete.json"
 ATTEMPT = "_attempt.json"
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
+LAYOUTS: tuple[Layout, ...] = ("content", "fixed")
 
 
 @dataclass(frozen=True)
@@ -73,11 +84,11 @@ class PipelineRun:
         """State outside the config a node's result depends on: the contents of prompt files, the
         versions its remote reward servers report, and the promoted export (the one the gate
         compares with, or the one an ``init: previous`` stage starts from)."""
-        found = served_reward_versions(self.pipeline, node.key) if node.kind == "train" else {}
-        dataset = self.pipeline.datasets.get(node.key) if node.kind == "acquire" else None
+        found = served_reward_versions(self.pipeline, node.key) if node.kind is NodeKind.TRAIN else {}
+        dataset = self.pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
         if dataset is not None and dataset.path is not None:
             found[PROMPT_FILES] = prompt_files_fingerprint(dataset.path, where=f"datasets.{node.key}.path")
-        if node.kind == "promote":
+        if node.kind is NodeKind.PROMOTE:
             found[PROMOTED] = judged_against(self.promoted, deps["export"])
         elif reads_promoted(node):
             found[PROMOTED] = promoted_fingerprint(self.promoted)
@@ -123,13 +134,13 @@ class PipelineRun:
                     where=str(self.path(dep)),
                 )
         same_attempt = _recorded_fingerprint(out / ATTEMPT) == fingerprint
-        if out.exists() and (node.kind != "train" or refresh or not resume or not same_attempt):
+        if out.exists() and (node.kind is not NodeKind.TRAIN or refresh or not resume or not same_attempt):
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / COMPLETE).unlink(missing_ok=True)
         write_json_atomic(out / ATTEMPT, {"node": node_id, "fingerprint": fingerprint})
         started = time.monotonic()
-        outputs = self._dispatch(node, out, resume=resume, on_event=on_event)
+        outputs = HANDLERS[node.kind](NodeCall(self, node, out, resume, on_event))
         seconds = time.monotonic() - started
         write_json_atomic(
             out / COMPLETE,
@@ -143,64 +154,6 @@ class PipelineRun:
             },
         )
         return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
-
-    def _dispatch(self, node: Node, out: Path, *, resume: bool, on_event: EventHandler | None) -> dict[str, Any]:
-        p = self.pipeline
-        if node.kind == "acquire":
-            manifest = acquire_dataset(p.datasets[node.key], out, smoke=p.smoke, where=f"datasets.{node.key}")
-            return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
-        if node.kind == "conditions":
-            datasets = [self.path(f"acquire.{ds}") for ds in p.conditions[node.key].datasets]
-            return cache_conditions(p.conditions[node.key], datasets, out, extra_prompts=node.config["extra_prompts"])
-        if node.kind == "train":
-            done = run_training(self.train_spec(node.key, out, resume=resume), on_event=on_event)
-            return {"step": done["step"]}
-        if node.kind == "eval":
-            cond_dir = self.path(f"conditions.{p.evaluate.conditions}")
-            return evaluate_stage(
-                p.evaluate,
-                stage=node.key,
-                train_dir=self.path(f"train.{node.key}"),
-                dataset_dir=self.path(f"acquire.{p.evaluate.dataset}"),
-                conditions_dir=cond_dir,
-                encoder_fingerprint=encoder_fingerprint(cond_dir),
-                out_dir=out,
-                seed=p.seed,
-                smoke=p.smoke,
-            )
-        if node.kind == "export":
-            eval_id = f"eval.{node.key}"
-            metrics = read_json(self.path(eval_id) / "metrics.json") if eval_id in self.nodes else None
-            manifest = export_stage(
-                stage=node.key,
-                train_dir=self.path(f"train.{node.key}"),
-                out_dir=out,
-                weights=node.config["weights"],
-                resolved_config=pipeline_to_dict(p),
-                fingerprints=dict(self.fingerprints),
-                metrics=metrics,
-            )
-            return {"path": str(out), "step": manifest["step"], "weights": manifest["weights"]}
-        if node.kind == "promote":
-            assert p.export is not None and p.export.promote is not None  # the node exists only then
-            return promote_export(
-                p.export.promote,
-                stage=node.key,
-                export_dir=self.path("export"),
-                fingerprint=self.fingerprints["export"],
-                incumbent=self.promoted,
-                workspace=self.workspace,
-                out_dir=out,
-                keep_dir=self.workspace / PROMOTED_COPIES if self.layout == "fixed" else None,
-            )
-        if node.kind == "report":
-            evals = {name: self.path(f"eval.{name}") for name in p.evaluate.after}
-            export = self.path("export") if "export" in self.nodes else None
-            promotion = self.path("promote") if "promote" in self.nodes else None
-            return write_report(
-                name=p.name, eval_dirs=evals, export_dir=export, promotion_dir=promotion, out_dirs=[out]
-            )
-        raise AssertionError(f"unhandled node kind {node.kind}")
 
     def publish_report(self) -> Path | None:
         """Copy the report node's ``metrics.json`` and ``report.md`` to the workspace root."""
@@ -231,12 +184,106 @@ class PipelineRun:
     def _init_weights(self, model: ModelConfig) -> Path | None:
         """Where a stage starts: the promoted export (``init: previous``, once one is promoted), an
         earlier stage's weights, or nothing (scratch)."""
-        from flowpost.tasks.evaluate import stage_weights
-
         if model.init == "previous" and self.promoted is not None:
             return promoted_weights(self.promoted, self.workspace)
         start = model.fallback if model.init == "previous" else model.init
         return None if start == "scratch" else stage_weights(self.path(f"train.{start}"), model.init_weights)[0]
+
+
+@dataclass(frozen=True)
+class NodeCall:
+    """What a node handler gets: the run, the node, its output folder, and how to run a training node."""
+
+    run: PipelineRun
+    node: Node
+    out: Path
+    resume: bool
+    on_event: EventHandler | None
+
+
+def _acquire(call: NodeCall) -> dict[str, Any]:
+    p, key = call.run.pipeline, call.node.key
+    manifest = acquire_dataset(p.datasets[key], call.out, smoke=p.smoke, where=f"datasets.{key}")
+    return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
+
+
+def _conditions(call: NodeCall) -> dict[str, Any]:
+    config = call.run.pipeline.conditions[call.node.key]
+    datasets = [call.run.path(f"acquire.{ds}") for ds in config.datasets]
+    return cache_conditions(config, datasets, call.out, extra_prompts=call.node.config["extra_prompts"])
+
+
+def _train(call: NodeCall) -> dict[str, Any]:
+    spec = call.run.train_spec(call.node.key, call.out, resume=call.resume)
+    return {"step": run_training(spec, on_event=call.on_event).step}
+
+
+def _eval(call: NodeCall) -> dict[str, Any]:
+    run, p = call.run, call.run.pipeline
+    cond_dir = run.path(f"conditions.{p.evaluate.conditions}")
+    return evaluate_stage(
+        p.evaluate,
+        stage=call.node.key,
+        train_dir=run.path(f"train.{call.node.key}"),
+        dataset_dir=run.path(f"acquire.{p.evaluate.dataset}"),
+        conditions_dir=cond_dir,
+        encoder_fingerprint=encoder_fingerprint(cond_dir),
+        out_dir=call.out,
+        seed=p.seed,
+        smoke=p.smoke,
+    )
+
+
+def _export(call: NodeCall) -> dict[str, Any]:
+    run, stage = call.run, call.node.key
+    eval_id = f"eval.{stage}"
+    metrics = read_json(run.path(eval_id) / "metrics.json") if eval_id in run.nodes else None
+    manifest = export_stage(
+        stage=stage,
+        train_dir=run.path(f"train.{stage}"),
+        out_dir=call.out,
+        weights=call.node.config["weights"],
+        resolved_config=pipeline_to_dict(run.pipeline),
+        fingerprints=dict(run.fingerprints),
+        metrics=metrics,
+    )
+    return {"path": str(call.out), "step": manifest["step"], "weights": manifest["weights"]}
+
+
+def _promote(call: NodeCall) -> dict[str, Any]:
+    run, export = call.run, call.run.pipeline.export
+    assert export is not None and export.promote is not None  # the node exists only then
+    return promote_export(
+        export.promote,
+        stage=call.node.key,
+        export_dir=run.path("export"),
+        fingerprint=run.fingerprints["export"],
+        incumbent=run.promoted,
+        workspace=run.workspace,
+        out_dir=call.out,
+        keep_dir=run.workspace / PROMOTED_COPIES if run.layout == "fixed" else None,
+    )
+
+
+def _report(call: NodeCall) -> dict[str, Any]:
+    run = call.run
+    evals = {name: run.path(f"eval.{name}") for name in run.pipeline.evaluate.after}
+    export = run.path("export") if "export" in run.nodes else None
+    promotion = run.path("promote") if "promote" in run.nodes else None
+    return write_report(
+        name=run.pipeline.name, eval_dirs=evals, export_dir=export, promotion_dir=promotion, out_dirs=[call.out]
+    )
+
+
+HANDLERS: dict[NodeKind, Callable[[NodeCall], dict[str, Any]]] = {
+    NodeKind.ACQUIRE: _acquire,
+    NodeKind.CONDITIONS: _conditions,
+    NodeKind.TRAIN: _train,
+    NodeKind.EVAL: _eval,
+    NodeKind.EXPORT: _export,
+    NodeKind.PROMOTE: _promote,
+    NodeKind.REPORT: _report,
+}  # a node's outputs, recorded in its completion manifest
 
 
 def _recorded_fingerprint(manifest: Path) -> str | None:

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.config.schema import PipelineConfig
-from flowpost.core.events import read_events
+from flowpost.core.events import DoneEvent, Event, read_events, read_typed_events
 from flowpost.core.process_group import failed_ranks, rank_error, rank_failure, rank_log
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.errors import FlowpostError
 from flowpost.tasks.conditions import encoder_settings
 
-EventHandler = Callable[[dict[str, Any]], None]
+EventHandler = Callable[[Event], None]
 POLL_SECONDS = 0.5
 
 
@@ -54,7 +54,7 @@ def stage_spec(
     )
 
 
-def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> dict[str, Any]:
+def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> DoneEvent:
     """Start ``python -m flowpost.core.launch`` in its own session; relay events until it exits.
 
     Rank ``N`` writes ``logs/rank-N.log`` (with several processes the launcher writes
@@ -119,7 +119,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> di
             f"stage {spec.stage!r} exited with code {process.returncode}; last log lines:\n{_tail(log_path)}",
             where=str(log_path),
         )
-    done = [e for e in read_events(events_path)[attempt_start:] if e.get("event") == "done"]
+    done = [e for e in read_typed_events(events_path, start=attempt_start) if isinstance(e, DoneEvent)]
     if not done:
         raise FlowpostError(f"stage {spec.stage!r} exited without a 'done' event", where=str(events_path))
     return done[-1]
@@ -139,11 +139,12 @@ def _tail(log_path: Path, lines: int = 15) -> str:
 
 
 def _relay(path: Path, seen: int, on_event: EventHandler | None) -> int:
-    events = read_events(path)
+    """Hand the events after the first ``seen`` to ``on_event``; return how many there are now."""
+    events = read_typed_events(path, start=seen)
     if on_event is not None:
-        for event in events[seen:]:
+        for event in events:
             on_event(event)
-    return len(events)
+    return seen + len(events)
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -1,10 +1,27 @@
-"""Stage events: rank 0 appends JSON lines; other ranks write nothing; partial lines are skipped."""
+"""Stage events: rank 0 appends JSON lines; other ranks write nothing; partial lines are skipped;
+typed events round-trip through the log and describe themselves."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
-from flowpost.core.events import EventLog, read_events
+import pytest
+
+from flowpost.core.events import (
+    CheckpointEvent,
+    DoneEvent,
+    Event,
+    EventLog,
+    StartEvent,
+    StepEvent,
+    parse_event,
+    read_events,
+    read_typed_events,
+    resume_warning,
+)
+from flowpost.errors import FlowpostError
 
 
 def test_events_round_trip_and_a_partial_line_is_ignored(tmp_path: Path) -> None:
@@ -21,3 +38,71 @@ def test_a_disabled_log_writes_nothing(tmp_path: Path) -> None:
     EventLog(tmp_path / "sub" / "events.jsonl", stage="sft", enabled=False).emit("start", step=0)
     assert not (tmp_path / "sub").exists()
     assert read_events(tmp_path / "sub" / "events.jsonl") == []
+
+
+EVENTS = [
+    StartEvent(stage="sft", step=0, max_steps=4, ranks=1),
+    StartEvent(
+        stage="sft",
+        step=2,
+        max_steps=4,
+        resumed_from="ckpt/step-2",
+        ranks=1,
+        resumed_with_ranks_from=2,
+        resumed_with_layout_from="ddp",
+    ),
+    StepEvent(stage="sft", step=1, max_steps=4, metrics={"loss": 0.5, "lr": 1e-3}),
+    CheckpointEvent(stage="sft", step=2, optimizer_step=4, path="ckpt/step-4"),
+    DoneEvent(stage="sft", step=4, progress={"optimizer_step": 4}, ranks=1),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda event: event.kind)
+def test_a_written_event_parses_back_to_itself(tmp_path: Path, event: Event) -> None:
+    log = EventLog(tmp_path / "events.jsonl", stage="sft")
+    log.write(event)
+    (record,) = read_events(tmp_path / "events.jsonl")
+    assert replace(parse_event(record), time=None) == event
+    assert record["time"] > 0
+
+
+def test_write_gives_the_json_emit_gives(tmp_path: Path) -> None:
+    emitted, written = EventLog(tmp_path / "a.jsonl", stage="sft"), EventLog(tmp_path / "b.jsonl", stage="sft")
+    emitted.emit("start", step=2, max_steps=4, resumed_from="ckpt/step-2", ranks=1)  # as the trainer writes it
+    written.write(StartEvent(stage="sft", step=2, max_steps=4, resumed_from="ckpt/step-2", ranks=1))
+    (a,), (b,) = read_events(tmp_path / "a.jsonl"), read_events(tmp_path / "b.jsonl")
+    assert list(b.items())[:-1] == list(a.items())[:-1]  # same keys in the same order; ``time`` last
+
+
+def test_parse_ignores_fields_it_does_not_declare() -> None:
+    record = {"event": "checkpoint", "stage": "s", "step": 1, "optimizer_step": 2, "path": "p", "extra": 1}
+    assert parse_event(record) == CheckpointEvent(stage="s", step=1, optimizer_step=2, path="p")
+
+
+def test_a_malformed_or_unknown_record_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"event": "done", "stage": "s", "step": 1}) + "\n")
+    with pytest.raises(FlowpostError, match=rf"{path}: 'done' event lacks progress, ranks"):
+        read_typed_events(path)
+    path.write_text(json.dumps({"event": "eval", "stage": "s", "step": 1}) + "\n")
+    with pytest.raises(FlowpostError, match=rf"{path}: unknown event 'eval'"):
+        read_typed_events(path)
+
+
+def test_each_event_describes_itself_in_one_line() -> None:
+    assert [event.describe() for event in EVENTS] == [
+        "starting at step 0 of 4",
+        "resuming from ckpt/step-2 (step 2)",
+        "step 1/4 loss=0.5 lr=0.001",
+        "checkpoint at step 2: ckpt/step-4",
+        "done at step 4 on 1 rank(s)",
+    ]
+
+
+def test_the_resume_warning_is_given_only_for_a_changed_world_size_or_layout() -> None:
+    fresh, changed = EVENTS[0], EVENTS[1]
+    assert fresh.resume_warning() is None
+    assert changed.resume_warning() == resume_warning(2, "ddp", 1)
+    assert "checkpointed with 2 ddp process(es) and resumed with 1:" in changed.resume_warning()
+    assert "resumed with 1 fsdp2: " in resume_warning(1, "ddp", 1, "fsdp2")
+    assert resume_warning(2, "ddp", 2, "ddp") is None

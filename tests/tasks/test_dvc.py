@@ -107,3 +107,15 @@ def test_dvc_repro_twice_exp_run_and_push_pull(tmp_path: Path, tiny_pipeline) ->
     _sh(["rm", "-rf", "workspace", ".dvc/cache"], repo)
     _sh([*dvc, "pull"], repo)
     assert _digests(export) == before and before
+
+
+def test_a_stale_dvc_file_is_named_with_its_folder(tmp_path: Path) -> None:
+    from flowpost.errors import FlowpostError
+    from flowpost.tasks.dvc import check_in_sync, sync
+
+    pipeline = load_pipeline(None)
+    sync(pipeline, tmp_path)
+    check_in_sync(pipeline, tmp_path)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    with pytest.raises(FlowpostError, match=rf"{tmp_path}: dvc.yaml out of sync with the pipeline"):
+        check_in_sync(pipeline, tmp_path)

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from flowpost.core.config.loading import validate_pipeline
-from flowpost.tasks.graph import build_nodes, fingerprints
+from flowpost.tasks.graph import NodeKind, build_nodes, fingerprint_inputs, fingerprints
 
 
 def _prints(config: dict[str, Any]) -> dict[str, str]:
@@ -48,3 +48,13 @@ def test_a_learning_rate_changes_its_stage_and_everything_downstream_only(tiny_p
         assert after[node] != before[node], node
     for node in ("acquire.digits", "conditions.minilm"):
         assert after[node] == before[node], node
+
+
+def test_every_node_kind_has_a_handler_and_fingerprints_record_it_as_text(tiny_pipeline) -> None:
+    from flowpost.tasks.runner import HANDLERS
+
+    assert set(HANDLERS) == set(NodeKind)
+    nodes = build_nodes(validate_pipeline(tiny_pipeline()))
+    inputs = fingerprint_inputs(nodes, code="code")
+    assert [inputs[node.id]["kind"] for node in nodes] == [node.id.split(".")[0] for node in nodes]
+    assert all(type(value["kind"]) is str for value in inputs.values())  # the enum's text, as before it existed

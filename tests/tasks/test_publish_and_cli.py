@@ -29,7 +29,7 @@ def test_publish_report_replaces_the_root_files_by_rename(tmp_path: Path, tiny_p
 
 
 def test_stage_command_accepts_smoke(tmp_path: Path, monkeypatch) -> None:
-    import flowpost.tasks.runner as runner
+    import flowpost.tasks.bare_node as bare_node
     from flowpost.cli import app
 
     seen = {}
@@ -43,9 +43,37 @@ def test_stage_command_accepts_smoke(tmp_path: Path, monkeypatch) -> None:
 
             return SimpleNamespace(node=node, status="ran", path=tmp_path)
 
-    monkeypatch.setattr(runner, "PipelineRun", FakeRun)
+    monkeypatch.setattr(bare_node, "PipelineRun", FakeRun)
     result = CliRunner().invoke(app, ["stage", "acquire.digits", "--smoke", "-w", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert seen["smoke"] is True
     result = CliRunner().invoke(app, ["stage", "acquire.digits", "-w", str(tmp_path)])
     assert result.exit_code == 0 and seen["smoke"] is False
+
+
+def test_stage_command_refuses_an_unknown_layout(tmp_path: Path) -> None:
+    from flowpost.cli import app
+
+    result = CliRunner().invoke(app, ["stage", "acquire.digits", "--layout", "flat", "-w", str(tmp_path)])
+    assert result.exit_code == 1 and "--layout: unknown layout 'flat'; use content or fixed" in str(result.exception)
+
+
+def test_the_stage_command_prints_each_event_and_the_resume_warning(capsys) -> None:
+    from flowpost.cli import _print_event
+    from flowpost.core.events import StartEvent, StepEvent
+
+    _print_event(StepEvent(stage="sft", step=1, max_steps=3, metrics={"loss": 0.25}))
+    _print_event(
+        StartEvent(
+            stage="sft",
+            step=2,
+            max_steps=3,
+            resumed_from="ckpt",
+            ranks=1,
+            resumed_with_ranks_from=2,
+            resumed_with_layout_from="ddp",
+        )
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["step 1/3 loss=0.25", "resuming from ckpt (step 2)"]
+    assert lines[2].startswith("warning: checkpointed with 2 ddp process(es) and resumed with 1:") and len(lines) == 3

@@ -60,7 +60,7 @@ def test_sigkill_mid_stage_then_resume_matches_an_uninterrupted_run(tmp_path: Pa
     assert not (tmp_path / "killed" / "final").exists()
 
     done = run_training(killed)
-    assert done["step"] == 24
+    assert done.step == 24
     start = [e for e in read_events(tmp_path / "killed" / "events.jsonl") if e["event"] == "start"]
     assert start[-1]["resumed_from"] is not None and start[-1]["step"] >= 8
     expected, actual = _weights(tmp_path / "straight"), _weights(tmp_path / "killed")

@@ -10,16 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from flowpost.core.events import Event
 from flowpost.core.launch import PARENT_GONE
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.errors import FlowpostError
 from flowpost.tasks.train import run_training
 
 
+def _done(step: int) -> dict:
+    return {"event": "done", "stage": "s", "step": step, "progress": {}, "ranks": 1}
+
+
 def _fake_python(tmp_path: Path, *, emit_done: bool) -> Path:
     """Stands in for the interpreter: records its environment, optionally emits a 'done' event."""
     script = tmp_path / "fake-python"
-    done = """printf '{"event": "done", "stage": "s", "step": 7}\\n' >> "$dir/events.jsonl"\n"""
+    done = f"""printf '{json.dumps(_done(7))}\\n' >> "$dir/events.jsonl"\n"""
     script.write_text(
         '#!/bin/sh\ndir=$(dirname "$3")\nenv > "$dir/env.txt"\n' + (done if emit_done else "") + "exit 0\n"
     )
@@ -34,7 +39,7 @@ def _spec(out: Path, num_processes: int = 1, hang_timeout: float | None = None) 
 
 def _stale_events(out: Path) -> None:
     out.mkdir(parents=True)
-    (out / "events.jsonl").write_text(json.dumps({"event": "done", "stage": "s", "step": 3}) + "\n")
+    (out / "events.jsonl").write_text(json.dumps(_done(3)) + "\n")
 
 
 def test_a_done_event_from_an_earlier_attempt_does_not_count(tmp_path, monkeypatch) -> None:
@@ -49,7 +54,7 @@ def test_the_done_event_of_this_attempt_is_returned(tmp_path, monkeypatch) -> No
     out = tmp_path / "stage"
     _stale_events(out)
     monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path, emit_done=True)))
-    assert run_training(_spec(out))["step"] == 7
+    assert run_training(_spec(out)).step == 7
 
 
 def test_the_stage_gets_the_parent_pid_and_a_thread_share(tmp_path, monkeypatch) -> None:
@@ -75,16 +80,16 @@ def test_a_stage_without_events_for_the_hang_timeout_is_killed_as_hung(tmp_path,
     script = tmp_path / "hanging-python"
     script.write_text(
         '#!/bin/sh\ndir=$(dirname "$3")\n'
-        'printf \'{"event": "start", "stage": "s", "step": 0, "max_steps": 1}\\n\' >> "$dir/events.jsonl"\n'
+        'printf \'{"event": "start", "stage": "s", "step": 0, "max_steps": 1, "ranks": 1}\\n\' >> "$dir/events.jsonl"\n'
         'sleep 60 &\necho $! > "$dir/child.pid"\nwait\n'
     )
     script.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(script))
-    seen: list[dict] = []
+    seen: list[Event] = []
     with pytest.raises(FlowpostError, match="killed as hung") as info:
         run_training(_spec(tmp_path / "stage", hang_timeout=1.5), on_event=seen.append)
     assert "launch.hang_timeout" in str(info.value)
-    assert [event["event"] for event in seen] == ["start"]
+    assert [event.kind for event in seen] == ["start"]
     child = (tmp_path / "stage" / "child.pid").read_text().strip()
     status = Path("/proc", child, "status")  # the whole process group is gone, grandchildren included
     assert not status.exists() or "State:\tZ" in status.read_text()

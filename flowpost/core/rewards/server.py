@@ -24,7 +24,9 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
+from flowpost.core.io import sha256_json
 from flowpost.core.rewards.base import Reward
+from flowpost.core.rewards.registry import build_reward
 from flowpost.errors import FlowpostError
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,15 @@ class RewardServer(ThreadingHTTPServer):
         self.token = token
         self.version = version
         self.score_lock = threading.Lock()
+
+    def serve_until_interrupted(self) -> None:
+        """Answer requests until Ctrl-C, then close the socket."""
+        try:
+            self.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.server_close()
 
     @property
     def url(self) -> str:
@@ -165,3 +176,24 @@ def serve_reward(
         return RewardServer((host, port), reward, token, version or reward.name)
     except OSError as exc:
         raise FlowpostError(f"cannot listen on {host}:{port} ({exc})", where="reward server") from None
+
+
+def serve_registered_reward(
+    name: str,
+    options: dict[str, Any],
+    *,
+    host: str,
+    port: int,
+    token: str | None = None,
+    version: str | None = None,
+    where: str = "reward server",
+) -> RewardServer:
+    """A bound server for the registered reward ``name`` built with ``options``.
+
+    ``version`` defaults to a hash of the name and options, so serving other options reads as
+    another model version to the stages that fingerprint it.
+    """
+    version = version or sha256_json({"reward": name, "options": options})[:12]
+    return serve_reward(
+        build_reward(name, options=options, where=where), host=host, port=port, token=token, version=version
+    )

@@ -23,7 +23,7 @@ from flowpost.cli import app
 from flowpost.core.rewards.jpeg import JpegIncompressibility
 from flowpost.core.rewards.registry import build_reward
 from flowpost.core.rewards.remote import RemoteReward
-from flowpost.core.rewards.server import serve_reward
+from flowpost.core.rewards.server import serve_registered_reward, serve_reward
 from flowpost.errors import FlowpostError
 
 TOKEN = "s3cret-token-value"
@@ -242,15 +242,15 @@ def test_cli_options_are_parsed_as_yaml(monkeypatch: pytest.MonkeyPatch) -> None
     class Stopped:
         url = "http://127.0.0.1:0/score"
 
-        def serve_forever(self) -> None:
-            raise KeyboardInterrupt
+        def __init__(self, version: str) -> None:
+            self.version = version
 
-        def server_close(self) -> None:
+        def serve_until_interrupted(self) -> None:
             built["closed"] = True
 
     def fake_serve(reward: RemoteReward, **kwargs: Any) -> Stopped:
         built.update(reward=reward, **kwargs)
-        return Stopped()
+        return Stopped(kwargs["version"])
 
     monkeypatch.setattr("flowpost.core.rewards.server.serve_reward", fake_serve)
     options = ["url=http://127.0.0.1:9/score", "retries=0", "timeout=2.5", "name=judge"]
@@ -260,6 +260,28 @@ def test_cli_options_are_parsed_as_yaml(monkeypatch: pytest.MonkeyPatch) -> None
     assert (reward.retries, reward.timeout, reward.name) == (0, 2.5, "judge") and built["closed"]
     result = CliRunner().invoke(app, ["reward-server", "jpeg_incompressibility", "--option", "quality"])
     assert isinstance(result.exception, FlowpostError) and "must be KEY=VALUE" in str(result.exception)
+
+
+def test_a_registered_reward_is_served_under_a_version_hashed_from_its_options() -> None:
+    def version(options: dict[str, Any], given: str | None = None) -> str:
+        server = serve_registered_reward("remote", options, host="127.0.0.1", port=0, version=given)
+        server.server_close()
+        return server.version
+
+    url = {"url": "http://127.0.0.1:9/score"}
+    assert version(url) == version(dict(url)) != version({**url, "retries": 0})
+    assert version(url, "v3") == "v3"
+
+
+def test_serving_until_interrupted_closes_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = serve_reward(Echo())
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server, "serve_forever", interrupted)
+    server.serve_until_interrupted()
+    assert server.socket.fileno() == -1
 
 
 def test_cli_reward_server_serves_until_stopped(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -135,8 +135,8 @@ def _two_processes_match_one(
     """Live and EMA weights within ``atol`` (and rtol 1e-4), every logged metric within ``rel``."""
     single = run_training(_spec(tmp_path / "one", data_dirs, trainer, train, 1, **stage))
     double = run_training(_spec(tmp_path / "two", data_dirs, trainer, train, 2, backend, **stage))
-    assert (single["ranks"], double["ranks"]) == (1, 2)  # replicated ranks end only if they agree bit for bit
-    assert double["progress"] == single["progress"]
+    assert (single.ranks, double.ranks) == (1, 2)  # replicated ranks end only if they agree bit for bit
+    assert double.progress == single.progress
     assert sorted(p.name for p in (tmp_path / "two" / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
     for kind in ("live", "ema"):
         one, two = _weights(tmp_path / "one", kind), _weights(tmp_path / "two", kind)
@@ -239,7 +239,7 @@ def test_resume_under_another_world_size_or_backend_warns_and_continues(
         first[0],
         layout,
     )
-    assert done["progress"] == straight["progress"]
+    assert done.progress == straight.progress
     expected, actual = _weights(tmp_path / "straight"), _weights(out)
     for key in expected:
         torch.testing.assert_close(actual[key], expected[key], rtol=1e-4, atol=1e-5, msg=key)
@@ -275,7 +275,7 @@ def test_multinode_two_launchers_on_loopback_form_one_four_rank_job(tmp_path, da
     codes = [machine.wait(timeout=600) for machine in machines]
     assert codes == [0, 0], (out / "logs" / "machine-0.log").read_text()[-2000:]
     done = [e for e in read_events(out / "events.jsonl") if e["event"] == "done"][-1]
-    assert done["ranks"] == 4 and done["progress"] == single["progress"]
+    assert done["ranks"] == 4 and done["progress"] == single.progress
     assert sorted(p.name for p in (out / "logs").glob("rank-*.log")) == [f"rank-{r}.log" for r in range(4)]
     expected, actual = _weights(tmp_path / "one"), _weights(out)
     for key in expected:
@@ -332,7 +332,7 @@ def test_resume_grpo_after_sigkill_mid_iteration_is_bit_identical(tmp_path, data
     assert not (killed / "final").exists()
 
     done = run_training(_spec(killed, data_dirs, "grpo", train, processes, backend, **stage))
-    assert done["progress"]["rollout_iteration"] == 16
+    assert done.progress["rollout_iteration"] == 16
     start = [e for e in read_events(killed / "events.jsonl") if e["event"] == "start"][-1]
     assert start["resumed_from"] is not None and start["step"] >= 2
     for kind in ("live", "ema"):

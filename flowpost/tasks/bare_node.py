@@ -1,0 +1,31 @@
+"""``flowpost stage NODE``: one node of a pipeline, run bare (no Prefect), as DVC calls it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.errors import FlowpostError
+from flowpost.tasks.runner import LAYOUTS, NodeResult, PipelineRun
+from flowpost.tasks.train import EventHandler
+
+
+def run_bare_node(
+    pipeline: PipelineConfig,
+    workspace: Path,
+    node_id: str,
+    *,
+    layout: str = "content",
+    refresh: bool = False,
+    resume: bool = True,
+    force: bool = False,
+    on_event: EventHandler | None = None,
+) -> NodeResult:
+    """Run ``node_id`` (its inputs must have completed); the report node also publishes its files."""
+    if layout not in LAYOUTS:
+        raise FlowpostError(f"unknown layout {layout!r}; use {' or '.join(LAYOUTS)}", where="--layout")
+    run = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
+    result = run.execute(node_id, refresh=refresh, resume=resume, force=force, on_event=on_event)
+    if node_id == "report":
+        run.publish_report()
+    return result

@@ -1,0 +1,24 @@
+"""``flowpost check-consistency``: replay one rollout of a coupled stage in a real workspace."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.diagnostics import check_consistency
+from flowpost.core.launch import build_trainer
+from flowpost.errors import FlowpostError
+from flowpost.tasks.runner import PipelineRun
+
+
+def stage_consistency(pipeline: PipelineConfig, workspace: Path, stage: str) -> dict[str, Any]:
+    """``check_consistency`` on stage ``stage``, built from the workspace's completed inputs."""
+    run = PipelineRun(pipeline, workspace)
+    node = run.node(f"train.{stage}")
+    missing = [dep for dep in node.deps if not run.is_complete(dep)]
+    if missing:
+        raise FlowpostError(f"run {', '.join(missing)} first (flowpost stage NODE)", where=str(workspace))
+    with tempfile.TemporaryDirectory() as scratch:
+        return check_consistency(build_trainer(run.train_spec(stage, Path(scratch), resume=False)))
