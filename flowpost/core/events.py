@@ -161,17 +161,14 @@ class EventLog:
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def write(self, event: Event) -> None:
+        """Append ``event`` as one JSON line, stamped with the log's stage and the current time."""
         if not self.enabled:
             return
-        record = {"event": event, "stage": self.stage, **fields, "time": time.time()}
+        record = {"event": event.kind, "stage": self.stage, **event.payload(), "time": time.time()}
         with self.path.open("a") as handle:
             handle.write(json.dumps(record, default=float) + "\n")
             handle.flush()
-
-    def write(self, event: Event) -> None:
-        """Append a typed event as ``emit`` would (the log's stage, the current time)."""
-        self.emit(event.kind, **event.payload())
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from flowpost.core.callbacks.base import Callback, CallbackList
 from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
 from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.evaluation.validation import ValidationGrid
-from flowpost.core.events import EventLog
+from flowpost.core.events import DoneEvent, EventLog, StartEvent, StepEvent, resume_warning
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.parallel import parallel_layout
@@ -152,16 +152,19 @@ class BaseTrainer(ABC):
         self._seed_everything()
         resumed = self._resume() if self.spec.resume else None
         self.callbacks.on_train_start(self)
-        budget = self.args.budget
-        world = {"ranks": self.accelerator.num_processes}
-        if resumed is not None and (resumed.world_size, resumed.layout) != (world["ranks"], self.parallel.name):
-            world |= {"resumed_with_ranks_from": resumed.world_size, "resumed_with_layout_from": resumed.layout}
-        self.events.emit(
-            "start",
-            step=self.completed_units,
-            max_steps=budget,
-            resumed_from=str(resumed.path) if resumed else None,
-            **world,
+        budget, ranks, layout = self.args.budget, self.accelerator.num_processes, self.parallel.name
+        moved = resumed is not None and (resumed.world_size, resumed.layout) != (ranks, layout)
+        self.events.write(
+            StartEvent(
+                stage=self.stage,
+                step=self.completed_units,
+                max_steps=budget,
+                resumed_from=str(resumed.path) if resumed else None,
+                ranks=ranks,
+                layout=layout,
+                resumed_with_ranks_from=resumed.world_size if resumed and moved else None,
+                resumed_with_layout_from=resumed.layout if resumed and moved else None,
+            )
         )
         self._run_cycles(budget)
         if self.checkpoints.saved != self.progress:
@@ -173,8 +176,13 @@ class BaseTrainer(ABC):
                 where=str(self.output_dir),
             )
         self.checkpoints.save_final(self.progress)
-        self.events.emit(
-            "done", step=self.completed_units, progress=self.progress.to_dict(), ranks=self.accelerator.num_processes
+        self.events.write(
+            DoneEvent(
+                stage=self.stage,
+                step=self.completed_units,
+                progress=self.progress.to_dict(),
+                ranks=self.accelerator.num_processes,
+            )
         )
         return self.progress
 
@@ -183,16 +191,9 @@ class BaseTrainer(ABC):
         if resumed is None:
             return None
         self.progress = resumed.progress
-        if (resumed.world_size, resumed.layout) != (self.accelerator.num_processes, self.parallel.name):
-            log.warning(
-                "stage %s was checkpointed with %d %s process(es) and resumes with %d %s: the run continues with "
-                "the same global batches, but its numbers are no longer bit-identical to an uninterrupted run",
-                self.stage,
-                resumed.world_size,
-                resumed.layout,
-                self.accelerator.num_processes,
-                self.parallel.name,
-            )
+        warning = resume_warning(resumed.world_size, resumed.layout, self.accelerator.num_processes, self.parallel.name)
+        if warning is not None:
+            log.warning("stage %s %s", self.stage, warning)
         return resumed
 
     def save_checkpoint(self) -> None:
@@ -236,7 +237,7 @@ class BaseTrainer(ABC):
         """Event and checkpoint cadence, counted in budget units."""
         done = self.completed_units
         if done % self.args.log_every == 0 or done == budget:
-            self.events.emit("step", step=done, max_steps=budget, metrics=metrics)
+            self.events.write(StepEvent(stage=self.stage, step=done, max_steps=budget, metrics=metrics))
         if self.args.checkpoint_every and done % self.args.checkpoint_every == 0:
             self.save_checkpoint()
 

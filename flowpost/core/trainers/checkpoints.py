@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flowpost.core.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from flowpost.core.events import CheckpointEvent
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.progress import TrainingProgress
@@ -72,7 +73,9 @@ class CheckpointManager:
         if self.accelerator.is_main_process:
             path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.keep_last)
             # ``step`` counts budget units like the other events; the folder is named by optimizer steps
-            self.events.emit("checkpoint", step=units, optimizer_step=state.step, path=str(path))
+            self.events.write(
+                CheckpointEvent(stage=self.events.stage, step=units, optimizer_step=state.step, path=str(path))
+            )
         self.accelerator.wait_for_everyone()
         self.saved = progress
 
