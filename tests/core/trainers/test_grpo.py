@@ -58,6 +58,35 @@ def test_replaying_all_steps_in_one_pass_matches_one_pass_per_step(make_trainer,
         assert metrics["loss"] == pytest.approx(reference_metrics["loss"], rel=1e-4, abs=1e-7)
 
 
+def _perturb(trainer) -> None:
+    """Move the live weights off the reference, the same way for every trainer."""
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for parameter in trainer.adapter.module().parameters():
+            parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+
+
+def test_the_flow_grpo_kl_scale_is_the_exact_kl_times_the_step_size(make_trainer, tmp_path):
+    kls = {}
+    for scale in ("exact", "flow-grpo"):
+        trainer = make_trainer(
+            tmp_path / scale,
+            cls=GRPOTrainer,
+            rewards=JPEG,
+            sampling={"steps": 6, "window": 1, "window_start": (2, 2)},
+            kl_beta=0.5,
+            kl_scale=scale,
+            **SMALL,
+        )
+        _perturb(trainer)
+        rollout = trainer.sample()
+        trainer.score(rollout)
+        kls[scale] = trainer.replay_loss(rollout.select([0, 3, 5, 6]), scale=1.0)["kl"]
+    delta = float(rollout.sigmas[0] - rollout.sigmas_next[0])
+    assert kls["exact"] > 0 and delta == pytest.approx(1 / 6)
+    assert kls["flow-grpo"] == pytest.approx(kls["exact"] * delta, rel=1e-5)
+
+
 def test_ppo_clip_loss_moves_log_probs_with_the_advantage_and_stops_outside_the_trust_region():
     old = torch.zeros(4)
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])

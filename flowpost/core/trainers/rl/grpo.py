@@ -10,7 +10,7 @@ from torch import Tensor
 
 from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract, Paradigm
 from flowpost.core.models.base import NULL_PROMPT, ConditionState
-from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, sde_step
+from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, noise_scale, sde_step
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.rl.rollout import Rollout
@@ -26,6 +26,12 @@ class CoupledArguments(OnlineArguments):
 
     kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
     kl_space: Literal["x", "v"] = Field("x", description="x: Gaussian KL of transition means; v: velocity MSE")
+    kl_scale: Literal["exact", "flow-grpo"] = Field(
+        "exact",
+        description="x-space KL divisor. exact (default): 2 (g sqrt(dt))^2, the true KL of the two transitions, "
+        "so kl_beta weighs the same divergence at any step count and shift; flow-grpo: 2 g^2 as Flow-GRPO, "
+        "the KL times the step size dt, so Flow-GRPO's published kl_beta values transfer",
+    )
     replay_steps_per_pass: int = Field(
         0, ge=0, description="stored steps replayed per forward/backward pass (0: all; lower it to save memory)"
     )
@@ -130,7 +136,7 @@ class GRPOTrainer(BaseTrainer):
                 policy, extra = self.policy_loss(current, batch, i, advantages)
                 kl = torch.zeros((), device=device)
                 if args.kl_beta > 0 and args.kl_space == "x":
-                    kl = gaussian_kl_mean(current.mean, ref.mean[rows], current.std).mean()
+                    kl = gaussian_kl_mean(current.mean, ref.mean[rows], self._kl_std(current, batch, i)).mean()
                 elif args.kl_beta > 0:
                     kl = (velocity[rows].float() - v_ref[rows].float()).pow(2).flatten(1).mean(1).mean()
                 loss = policy + args.kl_beta * kl
@@ -142,6 +148,13 @@ class GRPOTrainer(BaseTrainer):
                     totals[key] = totals.get(key, 0.0) + value / count
             self.backward(chunk_loss * scale / count)
         return totals
+
+    def _kl_std(self, out: StepOutput, batch: Rollout, i: int) -> Tensor:
+        """The std the x-space KL of stored step ``i`` divides by (``kl_scale``)."""
+        if self.args.kl_scale == "exact":
+            return out.std
+        sampling = self.sampling
+        return noise_scale(sampling.dynamics, batch.sigmas[i], batch.sigmas_next[i], sampling.noise_level)
 
     def policy_loss(
         self, out: StepOutput, batch: Rollout, i: int, advantages: Tensor
