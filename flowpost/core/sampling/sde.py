@@ -139,14 +139,15 @@ def sde_step(
     ``mean`` and ``log_prob``.
     """
     _check_dynamics(dynamics)
-    sigma_t = _sigma_like(sigma, sample)
-    sigma_next_t = _sigma_like(sigma_next, sample)
-    if not bool((sigma_next_t < sigma_t).all()):
+    given, given_next = _sigma_pair(sigma, sigma_next)  # checked where they are: a CPU sigma table needs no sync
+    if not bool((given_next < given).all()):
         raise ValueError("sigma_next must be smaller than sigma")
-    if not (bool((sigma_next_t >= 0).all()) and bool((sigma_t <= 1).all())):
+    if not (bool((given_next >= 0).all()) and bool((given <= 1).all())):
         raise ValueError("sigmas must lie in [0, 1]")
     if noise is not None and noise.shape != sample.shape:
         raise ValueError(f"noise shape {tuple(noise.shape)} does not match sample shape {tuple(sample.shape)}")
+    sigma_t = _sigma_like(sigma, sample)
+    sigma_next_t = _sigma_like(sigma_next, sample)
 
     x = sample.float()
     v = model_output.float()
