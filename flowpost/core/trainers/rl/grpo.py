@@ -31,11 +31,11 @@ class CoupledArguments(OnlineArguments):
         "exact",
         description="x-space KL divisor. exact (default): 2 (g sqrt(dt))^2, the true KL of the two transitions, "
         "so kl_beta weighs the same divergence at any step count and shift; flow-grpo: 2 g^2 as Flow-GRPO, "
-        "the KL times the step size dt, so Flow-GRPO's published kl_beta values transfer",
+        "the KL times the step size dt (the same for cps), so Flow-GRPO's published kl_beta values transfer",
     )
     zero_advantage: Literal["keep", "drop"] = Field(
         "keep",
-        description="samples whose advantage is exactly 0 (constant groups). keep (default): they stay in every "
+        description="samples whose advantage is exactly 0 (e.g. constant groups). keep (default): they stay in every "
         "mean, adding KL but no policy gradient; drop: they leave the loss and the other rows are renormalised "
         "over the gathered rollout, as Flow-GRPO filters them",
     )
