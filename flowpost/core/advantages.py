@@ -73,11 +73,17 @@ def group_advantages(
     return advantages.to(_output_dtype(rewards))
 
 
+def zero_advantage_fraction(advantages: Tensor) -> float:
+    """The fraction of samples whose advantage is exactly 0 (what Flow-GRPO drops before the loss)."""
+    return float((advantages.detach() == 0).double().mean())
+
+
 @dataclass(frozen=True)
 class AdvantageStats:
     """Summary of one batch of rewards and the advantages computed from them."""
 
     zero_std_ratio: float
+    zero_fraction: float
     reward_mean: float
     reward_std: float
     advantage_abs_mean: float
@@ -95,6 +101,7 @@ class AdvantageStats:
         clipped = float((magnitudes >= clip).double().mean()) if clip is not None else 0.0
         return cls(
             zero_std_ratio=float(_constant_groups(values, index, groups).double().mean()),
+            zero_fraction=zero_advantage_fraction(advantages),
             reward_mean=float(values.mean()),
             reward_std=float(values.std(correction=0)),
             advantage_abs_mean=float(magnitudes.mean()),

@@ -59,6 +59,14 @@ def test_size_one_and_zero_std_groups_get_exact_zeros() -> None:
         assert advantages[4].item() < 0 < advantages[5].item()
     metrics = advantage_metrics(rewards, group_ids, group_advantages(rewards, group_ids))
     assert metrics["zero_std_ratio"] == pytest.approx(2 / 3)
+    assert metrics["zero_fraction"] == pytest.approx(4 / 6)  # samples, not groups
+
+
+def test_zero_fraction_counts_every_exactly_zero_advantage() -> None:
+    rewards = torch.tensor([1.0, 2.0, 3.0, 4.0, 4.0, 4.0])  # the median of the first group is its mean
+    group_ids = torch.tensor([0, 0, 0, 1, 1, 1])
+    advantages = group_advantages(rewards, group_ids)
+    assert advantages[1] == 0 and advantage_metrics(rewards, group_ids, advantages)["zero_fraction"] == 4 / 6
 
 
 def test_permutation_invariance() -> None:

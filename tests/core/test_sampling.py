@@ -111,6 +111,32 @@ def test_diffusers_own_shift_agrees_with_ours() -> None:
     _compare_with_diffusers(scheduler, sigmas)
 
 
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+@pytest.mark.parametrize("steps", [4, 10])
+def test_the_tiny_grid_is_the_scheduler_given_linspace_sigmas(steps: int, shift: float) -> None:
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    scheduler.set_timesteps(sigmas=torch.linspace(1.0, 0.0, steps + 1)[:-1].tolist())
+    ours = inference_sigmas(steps, shift=shift)
+    torch.testing.assert_close(scheduler.sigmas, ours, rtol=1e-6, atol=1e-7)  # diffusers shifts in fp32
+    torch.testing.assert_close(scheduler.timesteps, 1000.0 * ours[:-1], rtol=1e-6, atol=1e-4)
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_the_tiny_grid_differs_from_the_scheduler_default(shift: float) -> None:
+    steps = 10
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    scheduler.set_timesteps(steps)
+    sigma_min = float(shift_sigmas(torch.tensor(1 / 1000, dtype=torch.float64), shift))  # smallest training sigma
+    assert scheduler.sigma_min == pytest.approx(sigma_min, rel=1e-6)
+    inner = shift_sigmas(torch.linspace(1.0, sigma_min, steps, dtype=torch.float64), shift).float()
+    torch.testing.assert_close(scheduler.sigmas, torch.cat([inner, torch.zeros(1)]), rtol=1e-6, atol=1e-7)
+    ours = inference_sigmas(steps, shift=shift)
+    assert scheduler.sigmas[0] == ours[0] == 1.0 and scheduler.sigmas[-1] == ours[-1] == 0.0
+    assert bool(((scheduler.sigmas[1:-1] - ours[1:-1]).abs() > 1e-3).all())  # every inner sigma moves
+    last_step_start = float(shift_sigmas(torch.tensor(1 / steps, dtype=torch.float64), shift))
+    assert float(scheduler.sigmas[-2]) < 0.01 and float(ours[-2]) == pytest.approx(last_step_start)
+
+
 def test_euler_step_computes_in_fp32_and_keeps_dtype() -> None:
     sample = torch.randn(4, 3, dtype=torch.float64)
     velocity = torch.randn(4, 3, dtype=torch.float64)

@@ -8,7 +8,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from torch.distributions import Normal, kl_divergence
 
 from flowpost.core.sampling.schedules import inference_sigmas
-from flowpost.core.sampling.sde import DYNAMICS, gaussian_kl_mean, sde_step, step_std
+from flowpost.core.sampling.sde import DYNAMICS, gaussian_kl_mean, noise_scale, sde_step, step_std
 
 STOCHASTIC = ("flow-sde", "dance-sde", "cps")
 SHAPE = (3, 4, 6, 5)
@@ -323,3 +323,22 @@ def test_gaussian_kl_mean_matches_torch_kl() -> None:
     expected = kl_divergence(Normal(a, std.expand(SHAPE)), Normal(b, std.expand(SHAPE))).mean(dim=(1, 2, 3))
     torch.testing.assert_close(gaussian_kl_mean(a, b, std), expected, rtol=1e-6, atol=1e-6)
     assert torch.equal(gaussian_kl_mean(a, a, 0.5), torch.zeros(3))
+
+
+@pytest.mark.parametrize(("sigma", "sigma_next"), [(1.0, 0.9), (0.6, 0.45), (0.2, 0.1)])
+def test_flow_grpo_kl_scale_is_the_exact_kl_times_the_step_size(sigma: float, sigma_next: float) -> None:
+    x, v = _inputs()
+    delta = sigma - sigma_next
+    a = 0.7
+    g = a * math.sqrt(sigma / (1 - (sigma_next if sigma == 1 else sigma)))  # Flow-GRPO's std_dev_t
+    for dynamics, expected_g, factor in [("flow-sde", g, delta), ("dance-sde", a, delta), ("cps", None, 1.0)]:
+        policy = sde_step(dynamics, v, x, sigma, sigma_next, noise_level=a, noise=_noise())
+        reference = sde_step(dynamics, v + 0.05 * _noise(2), x, sigma, sigma_next, noise_level=a, noise=_noise())
+        scale = noise_scale(dynamics, sigma, sigma_next, a)
+        if expected_g is not None:
+            assert float(scale) == pytest.approx(expected_g, rel=1e-6)
+        exact = gaussian_kl_mean(policy.mean, reference.mean, policy.std)
+        flow_grpo = gaussian_kl_mean(policy.mean, reference.mean, scale)
+        assert bool((exact > 0).all())
+        torch.testing.assert_close(flow_grpo, exact * factor, rtol=1e-5, atol=0.0)
+    assert float(noise_scale("ode", sigma, sigma_next, a)) == 0.0

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from flowpost.core.config.schema import DatasetConfig, PipelineConfig, StageConfig
-from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback
+from flowpost.core.config.schema import DatasetConfig, PipelineConfig, SamplingConfig, StageConfig
+from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
@@ -114,6 +114,7 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
             raise FlowpostError(str(exc), where=source) from None
         stage.train = arguments.model_dump(mode="json")
         problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
+        problems += _sampling_problems(name, stage, arguments.paradigm)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     return pipeline
@@ -159,6 +160,31 @@ def _stage_problems(
                 f"stages.{name}.train.{key}: {size} does not split evenly over launch.num_processes={processes}"
             )
     return problems
+
+
+def _sampling_problems(name: str, stage: StageConfig, paradigm: Paradigm) -> list[str]:
+    """A coupled trainer scores transition densities: every trainable step needs a nonzero std.
+
+    A std below fp32 resolution of a unit-scale latent counts as zero (CPS with an even ``noise_level``
+    gives ``sin(k pi)``, zero up to rounding).
+    """
+    if paradigm is not Paradigm.COUPLED:
+        return []
+    import torch
+
+    from flowpost.core.sampling.schedules import inference_sigmas
+    from flowpost.core.sampling.sde import step_std
+
+    sampling = stage.sampling or SamplingConfig()
+    sigmas = inference_sigmas(sampling.steps, shift=stage.model.shift)
+    std = step_std(sampling.dynamics, sigmas[:-2], sigmas[1:-1], sampling.noise_level)
+    if bool((std > torch.finfo(torch.float32).eps).all()):
+        return []
+    return [
+        f"stages.{name}.sampling: trainer {stage.trainer!r} trains on SDE transition densities, and dynamics "
+        f"{sampling.dynamics!r} with noise_level {sampling.noise_level} gives its steps zero transition std; "
+        "use flow-sde, dance-sde or cps with a noise_level that gives a positive std (e.g. flow-sde with 0.7)"
+    ]
 
 
 def load_pipeline(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:

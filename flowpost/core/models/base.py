@@ -118,7 +118,7 @@ class ModelAdapter(ABC):
         if negative is None:
             raise ValueError("guidance != 1 needs the negative (null-prompt) condition state")
         both = type(state).cat([state, negative])
-        sigma_t = torch.as_tensor(sigma, dtype=latents.dtype).expand(latents.shape[0])
+        sigma_t = torch.as_tensor(sigma, dtype=latents.dtype, device=latents.device).expand(latents.shape[0])
         v_pos, v_neg = self.velocity(torch.cat([latents, latents]), torch.cat([sigma_t, sigma_t]), both).chunk(2)
         return v_neg + guidance * (v_pos - v_neg)
 

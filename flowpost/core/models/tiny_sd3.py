@@ -144,7 +144,7 @@ class TinySD3Adapter(ModelAdapter):
 
     def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
         assert isinstance(state, TinySD3State)
-        sigma = torch.as_tensor(sigma, dtype=latents.dtype).expand(latents.shape[0])
+        sigma = torch.as_tensor(sigma, dtype=latents.dtype, device=latents.device).expand(latents.shape[0])
         return self.transformer(
             hidden_states=latents,
             encoder_hidden_states=state.encoder_hidden_states.to(latents.dtype),

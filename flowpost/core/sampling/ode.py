@@ -10,8 +10,9 @@ from flowpost.core.models.base import ModelAdapter
 
 
 def euler_step(velocity: Tensor, sample: Tensor, sigma: Tensor | float, sigma_next: Tensor | float) -> Tensor:
-    """``x' = x + (sigma_next - sigma) * v`` computed in fp32, returned in the sample's dtype."""
-    delta = torch.as_tensor(sigma_next, dtype=torch.float32) - torch.as_tensor(sigma, dtype=torch.float32)
+    """``x' = x + (sigma_next - sigma) * v`` computed in fp32 on the sample's device, returned in its dtype."""
+    sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=sample.device)
+    delta = torch.as_tensor(sigma_next, dtype=torch.float32, device=sample.device) - sigma_t
     return (sample.float() + delta * velocity.float()).to(sample.dtype)
 
 

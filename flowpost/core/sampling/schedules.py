@@ -14,7 +14,14 @@ def shift_sigmas(sigmas: Tensor, shift: float) -> Tensor:
 
 
 def inference_sigmas(num_steps: int, *, shift: float = 1.0) -> Tensor:
-    """``num_steps + 1`` decreasing sigmas from 1 to exactly 0: shift(linspace(1, 0, N + 1)), fp32."""
+    """``num_steps + 1`` decreasing sigmas from 1 to exactly 0: ``shift(linspace(1, 0, N + 1))``, fp32.
+
+    The tiny family's grid (DanceGRPO's; the default pipeline's numbers are tuned on it): equal steps
+    before the shift. It is diffusers' ``FlowMatchEulerDiscreteScheduler(shift=s).set_timesteps(
+    sigmas=linspace(1, 0, N + 1)[:-1])`` (the scheduler shifts and appends 0), not its default
+    ``set_timesteps(N)`` that the SD3 pipeline and Flow-GRPO use, ``shift(linspace(1, sigma_min, N))``
+    then 0 with ``sigma_min = shift(1/1000)``, whose last step runs from about ``sigma_min`` to 0.
+    """
     if num_steps < 1:
         raise ValueError("num_steps must be at least 1")
     return shift_sigmas(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64), shift).float()

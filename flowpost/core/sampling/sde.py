@@ -49,23 +49,44 @@ def _flow_sde_scale(sigma: Tensor, sigma_next: Tensor, noise_level: float) -> Te
     return noise_level * torch.sqrt(sigma / denominator)
 
 
-def step_std(dynamics: str, sigma: Tensor | float, sigma_next: Tensor | float, noise_level: float) -> Tensor:
-    """Transition std of one step (fp32, the broadcast shape of the sigmas).
-
-    ``ode``: 0; ``flow-sde``: ``g * sqrt(sigma - sigma_next)``; ``dance-sde``:
-    ``noise_level * sqrt(sigma - sigma_next)``; ``cps``: ``sigma_next * sin(noise_level * pi / 2)``.
-    """
-    _check_dynamics(dynamics)
+def _sigma_pair(sigma: Tensor | float, sigma_next: Tensor | float) -> tuple[Tensor, Tensor]:
+    """Both sigmas as fp32 tensors of one broadcast shape, on the first one's device."""
     sigma_t = torch.as_tensor(sigma, dtype=torch.float32)
     sigma_next_t = torch.as_tensor(sigma_next, dtype=torch.float32, device=sigma_t.device)
     sigma_t, sigma_next_t = torch.broadcast_tensors(sigma_t, sigma_next_t)
+    return sigma_t, sigma_next_t
+
+
+def noise_scale(dynamics: str, sigma: Tensor | float, sigma_next: Tensor | float, noise_level: float) -> Tensor:
+    """Flow-GRPO's ``std_dev_t`` of one step (fp32, the broadcast shape of the sigmas).
+
+    The SDE's diffusion coefficient ``g``, the transition std without its ``sqrt(sigma - sigma_next)``
+    factor: ``ode``: 0; ``flow-sde``: ``noise_level * sqrt(sigma / (1 - sigma))``; ``dance-sde``:
+    ``noise_level``. CPS is not an SDE discretisation: its ``g`` is its std,
+    ``sigma_next * sin(noise_level * pi / 2)``.
+    """
+    _check_dynamics(dynamics)
+    sigma_t, sigma_next_t = _sigma_pair(sigma, sigma_next)
     if dynamics == "ode":
         return torch.zeros_like(sigma_t)
     if dynamics == "flow-sde":
-        return _flow_sde_scale(sigma_t, sigma_next_t, noise_level) * torch.sqrt(sigma_t - sigma_next_t)
+        return _flow_sde_scale(sigma_t, sigma_next_t, noise_level)
     if dynamics == "dance-sde":
-        return noise_level * torch.sqrt(sigma_t - sigma_next_t)
+        return torch.full_like(sigma_t, noise_level)
     return sigma_next_t * math.sin(noise_level * math.pi / 2.0)
+
+
+def step_std(dynamics: str, sigma: Tensor | float, sigma_next: Tensor | float, noise_level: float) -> Tensor:
+    """Transition std of one step (fp32, the broadcast shape of the sigmas).
+
+    ``noise_scale * sqrt(sigma - sigma_next)`` for ``flow-sde`` and ``dance-sde``; ``noise_scale``
+    for ``ode`` (0) and ``cps`` (``sigma_next * sin(noise_level * pi / 2)``).
+    """
+    scale = noise_scale(dynamics, sigma, sigma_next, noise_level)
+    if dynamics in ("ode", "cps"):
+        return scale
+    sigma_t, sigma_next_t = _sigma_pair(sigma, sigma_next)
+    return scale * torch.sqrt(sigma_t - sigma_next_t)
 
 
 def _sigma_like(sigma: Tensor | float, sample: Tensor) -> Tensor:
@@ -118,14 +139,15 @@ def sde_step(
     ``mean`` and ``log_prob``.
     """
     _check_dynamics(dynamics)
-    sigma_t = _sigma_like(sigma, sample)
-    sigma_next_t = _sigma_like(sigma_next, sample)
-    if not bool((sigma_next_t < sigma_t).all()):
+    given, given_next = _sigma_pair(sigma, sigma_next)  # checked where they are: a CPU sigma table needs no sync
+    if not bool((given_next < given).all()):
         raise ValueError("sigma_next must be smaller than sigma")
-    if not (bool((sigma_next_t >= 0).all()) and bool((sigma_t <= 1).all())):
+    if not (bool((given_next >= 0).all()) and bool((given <= 1).all())):
         raise ValueError("sigmas must lie in [0, 1]")
     if noise is not None and noise.shape != sample.shape:
         raise ValueError(f"noise shape {tuple(noise.shape)} does not match sample shape {tuple(sample.shape)}")
+    sigma_t = _sigma_like(sigma, sample)
+    sigma_next_t = _sigma_like(sigma_next, sample)
 
     x = sample.float()
     v = model_output.float()
@@ -137,11 +159,7 @@ def sde_step(
         if dynamics == "ode":
             drift = v
         else:
-            scale = (
-                _flow_sde_scale(sigma_t, sigma_next_t, noise_level)
-                if dynamics == "flow-sde"
-                else torch.full_like(sigma_t, noise_level)
-            )
+            scale = noise_scale(dynamics, sigma_t, sigma_next_t, noise_level)
             drift = v + scale**2 / (2.0 * sigma_t) * (x + (1.0 - sigma_t) * v)
         mean = x + delta * drift
     std = step_std(dynamics, sigma_t, sigma_next_t, noise_level)

@@ -360,3 +360,31 @@ def test_cli_validate_yaml_error_without_traceback(tmp_path: Path) -> None:
 def test_every_example_pipeline_validates(example: Path) -> None:
     pipeline = load_pipeline(example)
     assert pipeline.stages
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "grpo-guard", "dppo"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        "{dynamics: ode, steps: 10}",
+        "{dynamics: flow-sde, steps: 10, noise_level: 0}",
+        "{dynamics: dance-sde, steps: 10, noise_level: 0}",
+        "{dynamics: cps, steps: 10, noise_level: 0}",
+        "{dynamics: cps, steps: 10, noise_level: 2}",  # sin(pi) = 0 up to rounding
+    ],
+)
+def test_a_coupled_trainer_without_transition_noise_is_rejected_naming_the_sampling_section(
+    trainer: str, sampling: str
+) -> None:
+    overrides = [
+        f"stages.grpo.trainer={trainer}",
+        "stages.grpo.train={iterations: 1}",
+        f"stages.grpo.sampling={sampling}",
+    ]
+    message = _error(overrides)
+    assert "stages.grpo.sampling:" in message and "zero transition std" in message
+
+
+def test_a_decoupled_trainer_may_sample_with_the_ode() -> None:
+    pipeline = load_pipeline(REPO / "examples" / "digits-nft.yaml")
+    assert pipeline.stages["nft"].sampling.dynamics == "ode"

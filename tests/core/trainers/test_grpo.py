@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flowpost.core.advantages import zero_advantage_fraction
 from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.grpo import GRPOTrainer, ppo_clip_loss
 
@@ -58,6 +59,62 @@ def test_replaying_all_steps_in_one_pass_matches_one_pass_per_step(make_trainer,
         assert metrics["loss"] == pytest.approx(reference_metrics["loss"], rel=1e-4, abs=1e-7)
 
 
+def _scored_off_reference(make_trainer, path, **args):
+    """A GRPO trainer with KL whose live weights were moved off the reference, and its scored rollout."""
+    settings = {"rewards": JPEG, "sampling": {"steps": 4}, "kl_beta": 0.5, **SMALL, **args}
+    trainer = make_trainer(path, cls=GRPOTrainer, **settings)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for parameter in trainer.adapter.module().parameters():
+            parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+    rollout = trainer.sample()
+    trainer.rollouts.score(rollout)
+    return trainer, rollout
+
+
+def test_the_flow_grpo_kl_scale_is_the_exact_kl_times_the_step_size(make_trainer, tmp_path):
+    kls = {}
+    for scale in ("exact", "flow-grpo"):
+        sampling = {"steps": 6, "window": 1, "window_start": (2, 2)}
+        trainer, rollout = _scored_off_reference(make_trainer, tmp_path / scale, sampling=sampling, kl_scale=scale)
+        kls[scale] = trainer.replay_loss(rollout.select([0, 3, 5, 6]), scale=1.0)["kl"]
+    delta = float(rollout.sigmas[0] - rollout.sigmas_next[0])
+    assert kls["exact"] > 0 and delta == pytest.approx(1 / 6)
+    assert kls["flow-grpo"] == pytest.approx(kls["exact"] * delta, rel=1e-5)
+
+
+def _loss_and_grad(trainer, batch, **kwargs) -> tuple[float, torch.Tensor]:
+    trainer.adapter.module().zero_grad()
+    loss = trainer.replay_loss(batch, scale=1.0, **kwargs)["loss"]
+    return loss, torch.cat([p.grad.flatten() for p in trainer.adapter.module().parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("kl_space", ["x", "v"])
+def test_dropped_zero_advantage_rows_leave_the_loss_and_the_rest_is_renormalised(make_trainer, tmp_path, kl_space):
+    trainer, rollout = _scored_off_reference(make_trainer, tmp_path, kl_space=kl_space, zero_advantage="drop")
+    constant = rollout.group_ids == rollout.group_ids[0]  # as a group whose rewards are all equal
+    rollout.advantages[constant] = 0.0
+    others = [row for row in range(len(rollout)) if not constant[row]]
+    assert zero_advantage_fraction(rollout.advantages) == 0.5
+
+    dropped, dropped_grad = _loss_and_grad(trainer, rollout, kept=0.5)
+    trainer.args = trainer.args.model_copy(update={"zero_advantage": "keep"})
+    alone, alone_grad = _loss_and_grad(trainer, rollout.select(others))
+    kept, _ = _loss_and_grad(trainer, rollout)
+    assert dropped == pytest.approx(alone, rel=1e-5) and kept != pytest.approx(alone, rel=1e-3)
+    torch.testing.assert_close(dropped_grad, alone_grad, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("zero_advantage", ["keep", "drop"])
+def test_a_rollout_of_constant_groups_trains_only_the_kl_unless_dropped(make_trainer, tmp_path, zero_advantage):
+    trainer, rollout = _scored_off_reference(make_trainer, tmp_path, zero_advantage=zero_advantage)
+    rollout.advantages.zero_()
+    before = {k: v.clone() for k, v in trainer.adapter.module().state_dict().items()}
+    trainer.optimize(rollout)
+    after = trainer.adapter.module().state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before) == (zero_advantage == "drop")
+
+
 def test_ppo_clip_loss_moves_log_probs_with_the_advantage_and_stops_outside_the_trust_region():
     old = torch.zeros(4)
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
@@ -101,7 +158,7 @@ def test_a_grpo_stage_runs_checkpoints_and_resumes_to_identical_weights(make_tra
     assert (progress.rollout_iteration, progress.optimizer_step) == (3, 6)
     steps = [e for e in read_events(tmp_path / "straight" / "events.jsonl") if e["event"] == "step"]
     assert [e["step"] for e in steps] == [1, 2, 3]
-    assert {"reward/total_mean", "advantage/zero_std_ratio", "kl", "clip_fraction"} <= set(steps[-1]["metrics"])
+    assert {"reward/total_mean", "advantage/zero_fraction", "kl", "clip_fraction"} <= set(steps[-1]["metrics"])
 
     first = make_trainer(tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **{**settings, "iterations": 2})
     first.start()

@@ -8,9 +8,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from flowpost.core.advantages import zero_advantage_fraction
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.contracts import Paradigm
-from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, sde_step
+from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, noise_scale, sde_step
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.rl.rollout import Rollout
@@ -25,6 +26,18 @@ class CoupledArguments(OnlineArguments):
 
     kl_beta: float = Field(0.0, ge=0, description="weight of the KL to the reference (0: no reference)")
     kl_space: Literal["x", "v"] = Field("x", description="x: Gaussian KL of transition means; v: velocity MSE")
+    kl_scale: Literal["exact", "flow-grpo"] = Field(
+        "exact",
+        description="x-space KL divisor. exact (default): 2 (g sqrt(dt))^2, the true KL of the two transitions, "
+        "so kl_beta weighs the same divergence at any step count and shift; flow-grpo: 2 g^2 as Flow-GRPO, "
+        "the KL times the step size dt (the same for cps), so Flow-GRPO's published kl_beta values transfer",
+    )
+    zero_advantage: Literal["keep", "drop"] = Field(
+        "keep",
+        description="samples whose advantage is exactly 0 (e.g. constant groups). keep (default): they stay in every "
+        "mean, adding KL but no policy gradient; drop: they leave the loss and the other rows are renormalised "
+        "over the gathered rollout, as Flow-GRPO filters them",
+    )
     replay_steps_per_pass: int = Field(
         0, ge=0, description="stored steps replayed per forward/backward pass (0: all; lower it to save memory)"
     )
@@ -64,7 +77,12 @@ class GRPOTrainer(GenerationTrainer):
         return self.generate()
 
     def optimize(self, samples: Rollout) -> dict[str, float]:
-        return self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale))
+        kept = 1.0
+        if self.args.zero_advantage == "drop":
+            assert samples.advantages is not None
+            gathered = self.accelerator.gather(samples.advantages.to(self.accelerator.device))
+            kept = 1.0 - zero_advantage_fraction(gathered)
+        return self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale, kept=kept))
 
     def _condition_states(self, batch: Rollout) -> tuple[ConditionState, ConditionState | None]:
         device = self.accelerator.device
@@ -108,12 +126,20 @@ class GRPOTrainer(GenerationTrainer):
         chunks = [self._replay_steps(batch, steps, state, negative)[1].log_prob for steps in self._step_chunks(batch)]
         return torch.cat(chunks).view(len(batch.steps), len(batch)).T
 
-    def replay_loss(self, batch: Rollout, *, scale: float) -> dict[str, float]:
-        """Backpropagate the GRPO loss of one micro-batch over its stored steps; return metrics."""
+    def replay_loss(self, batch: Rollout, *, scale: float, kept: float = 1.0) -> dict[str, float]:
+        """Backpropagate the GRPO loss of one micro-batch over its stored steps; return metrics.
+
+        With ``zero_advantage: drop``, ``kept`` is the fraction of the gathered rollout with a nonzero
+        advantage: zero-advantage rows leave every term and the others weigh ``1 / kept``, so the
+        micro-batch losses average to the mean over kept rows whatever the world size (nothing trains
+        when ``kept`` is 0).
+        """
         assert batch.advantages is not None
         args, device, size = self.args, self.accelerator.device, len(batch)
         state, negative = self._condition_states(batch)
         advantages = batch.advantages.to(device).float()
+        weight = 1.0 / kept if kept > 0 else 0.0
+        rows_kept = advantages != 0 if args.zero_advantage == "drop" else torch.ones_like(advantages, dtype=torch.bool)
         count = len(batch.steps)
         totals: dict[str, float] = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0}
         for steps in self._step_chunks(batch):
@@ -126,11 +152,14 @@ class GRPOTrainer(GenerationTrainer):
                 rows = slice(k * size, (k + 1) * size)
                 current = step_rows(out, rows)
                 policy, extra = self.policy_loss(current, batch, i, advantages)
+                policy = policy * weight  # a zero-advantage row adds exactly 0 to every policy loss
                 kl = torch.zeros((), device=device)
-                if args.kl_beta > 0 and args.kl_space == "x":
-                    kl = gaussian_kl_mean(current.mean, ref.mean[rows], current.std).mean()
-                elif args.kl_beta > 0:
-                    kl = (velocity[rows].float() - v_ref[rows].float()).pow(2).flatten(1).mean(1).mean()
+                if args.kl_beta > 0:
+                    if args.kl_space == "x":
+                        kl_rows = gaussian_kl_mean(current.mean, ref.mean[rows], self._kl_std(current, batch, i))
+                    else:
+                        kl_rows = (velocity[rows].float() - v_ref[rows].float()).pow(2).flatten(1).mean(1)
+                    kl = (kl_rows * rows_kept).mean() * weight
                 loss = policy + args.kl_beta * kl
                 chunk_loss = chunk_loss + loss
                 totals["loss"] += float(loss.detach()) / count
@@ -140,6 +169,13 @@ class GRPOTrainer(GenerationTrainer):
                     totals[key] = totals.get(key, 0.0) + value / count
             self.backward(chunk_loss * scale / count)
         return totals
+
+    def _kl_std(self, out: StepOutput, batch: Rollout, i: int) -> Tensor:
+        """The std the x-space KL of stored step ``i`` divides by (``kl_scale``)."""
+        if self.args.kl_scale == "exact":
+            return out.std
+        sampling = self.sampling
+        return noise_scale(sampling.dynamics, batch.sigmas[i], batch.sigmas_next[i], sampling.noise_level)
 
     def policy_loss(
         self, out: StepOutput, batch: Rollout, i: int, advantages: Tensor

@@ -1,0 +1,95 @@
+"""Every tensor a sampling step creates takes the latents' device, checked without a GPU.
+
+The network and the latents live on the ``meta`` device while the sigma tables stay on the CPU, as
+the trainers keep them; every torch call inside the rollout, the replay and the ODE must then see
+tensors of one device only (even the 0-dim CPU tensors that CUDA would tolerate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from flowpost.core.models.tiny_sd3 import TinySD3Adapter, TinySD3State
+from flowpost.core.sampling.ode import sample_ode
+from flowpost.core.sampling.schedules import inference_sigmas
+from flowpost.core.sampling.sde import sde_step
+from flowpost.core.trainers.rl.rollout import sample_trajectory
+
+TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
+META = torch.device("meta")
+BATCH = 2
+
+
+class OneDevice(TorchFunctionMode):
+    """Raises when a torch call gets tensors of more than one device (a move with ``.to`` is one tensor)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        devices = {leaf.device for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, Tensor)}
+        if len(devices) > 1:
+            raise AssertionError(f"{getattr(func, '__name__', func)} mixes tensors on {sorted(map(str, devices))}")
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def on_meta() -> Iterator[tuple[TinySD3Adapter, TinySD3State, TinySD3State]]:
+    """The adapter on ``meta``, with positive and negative condition states there."""
+    adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
+    adapter.module().to(META)
+
+    def state() -> TinySD3State:
+        return TinySD3State(torch.zeros(BATCH, 16, 384, device=META), torch.zeros(BATCH, 384, device=META))
+
+    yield adapter, state(), state()
+
+
+def test_the_checker_catches_a_cpu_scalar_mixed_into_meta_math() -> None:
+    with pytest.raises(AssertionError, match="mixes tensors"), OneDevice():
+        torch.ones(3, device=META) * torch.tensor(2.0)
+
+
+@pytest.mark.parametrize("dynamics", ["flow-sde", "cps"])
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_a_rollout_and_the_replay_of_a_stored_step_stay_on_the_latents_device(on_meta, dynamics, guidance):
+    adapter, state, negative = on_meta
+    sigmas = inference_sigmas(4)
+    noise = torch.zeros(BATCH, 1, 16, 16, device=META)
+    with OneDevice():
+        stored = sample_trajectory(
+            adapter,
+            noise,
+            state,
+            sigmas,
+            window=range(1, 3),
+            step_noise={j: torch.zeros_like(noise) for j in range(1, 3)},
+            dynamics=dynamics,
+            noise_level=0.7,
+            guidance=guidance,
+            negative=negative,
+        )
+        x, target = stored["latents"][:, 0], stored["next_latents"][:, 0]
+        per_sample = sigmas[1].repeat(BATCH), sigmas[2].repeat(BATCH)  # as replay passes them, one per row
+        velocity = adapter.forward(x, per_sample[0], state, guidance=guidance, negative=negative)
+        replay = sde_step(dynamics, velocity, x, *per_sample, noise_level=0.7, prev_sample=target)
+    assert {t.device for t in (*stored.values(), replay.log_prob, replay.mean, replay.std)} == {META}
+
+
+def test_the_ode_stays_on_the_latents_device(on_meta):
+    adapter, state, negative = on_meta
+    with OneDevice():
+        latents = sample_ode(
+            adapter,
+            torch.zeros(BATCH, 1, 16, 16, device=META),
+            state,
+            inference_sigmas(3),
+            guidance=2.0,
+            negative=negative,
+        )
+    assert latents.device == META
