@@ -66,7 +66,7 @@ def training_cpu(sampler: TreeSampler, workspace: Path, nodes: list[str]) -> dic
     (runner, Prefect server, ...) while the stage process lived."""
     found = {}
     for node in nodes:
-        seen = sampler.lifetime(f"flowpost.core.launch {workspace}/{node}/")
+        seen = sampler.lifetime(f"flowpost.stage {workspace}/{node}/")
         if seen is not None:
             pid, start, end = seen
             stage = sampler.cpu_between(start, end, only={pid})

@@ -28,7 +28,7 @@ from flowpost.core.checkpoint import load_checkpoint
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
 from flowpost.core.config.schema import StageConfig
 from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.launch import build_adapter
+from flowpost.stage import build_adapter
 from flowpost.tasks.conditions import encoder_fingerprint
 from flowpost.tasks.evaluate import evaluate_stage
 from flowpost.tasks.runner import PipelineRun

@@ -79,8 +79,8 @@ def export_topology(
     return topology
 
 
-def torchrun_arguments(spec_path: str | Path, num_processes: int, topology: Topology) -> list[str]:
-    """``torchrun`` arguments starting this machine's share of ``num_processes`` stage ranks."""
+def torchrun_arguments(entry: str, spec_path: str | Path, num_processes: int, topology: Topology) -> list[str]:
+    """``torchrun`` arguments starting this machine's share of ``num_processes`` ranks of module ``entry``."""
     if num_processes % topology.num_machines:
         raise FlowpostError(
             f"{num_processes} processes do not split evenly over {topology.num_machines} machines",
@@ -96,11 +96,11 @@ def torchrun_arguments(spec_path: str | Path, num_processes: int, topology: Topo
             f"--master-addr={topology.main_process_ip}",
             f"--master-port={topology.main_process_port}",
         ]
-    return [*rendezvous, f"--nproc-per-node={per_machine}", "-m", "flowpost.core.launch", str(spec_path)]
+    return [*rendezvous, f"--nproc-per-node={per_machine}", "-m", entry, str(spec_path)]
 
 
-def launch_ranks(spec_path: str | Path, output_dir: str | Path, num_processes: int) -> int:
-    """Run this machine's ranks to completion; 0 when all succeeded.
+def launch_ranks(entry: str, spec_path: str | Path, output_dir: str | Path, num_processes: int) -> int:
+    """Run this machine's ranks of module ``entry`` to completion; 0 when all succeeded.
 
     A rank killed by a signal (a native abort, the OOM killer) records nothing itself: its failure
     is recorded here, so the orchestrator names it rather than the peers that lost their connection.
@@ -110,7 +110,7 @@ def launch_ranks(spec_path: str | Path, output_dir: str | Path, num_processes: i
 
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # ranks follow this process, as it follows its parent
     try:
-        torchrun(torchrun_arguments(spec_path, num_processes, Topology.from_env()))
+        torchrun(torchrun_arguments(entry, spec_path, num_processes, Topology.from_env()))
     except ChildFailedError as failed:
         for rank, failure in failed.failures.items():
             name = failure.signal_name() if failure.exitcode < 0 else None

@@ -8,8 +8,8 @@ from typing import Any
 
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.diagnostics import check_consistency
-from flowpost.core.launch import build_trainer
 from flowpost.errors import FlowpostError
+from flowpost.stage import build_trainer
 from flowpost.tasks.runner import PipelineRun
 
 

@@ -55,7 +55,7 @@ def stage_spec(
 
 
 def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> DoneEvent:
-    """Start ``python -m flowpost.core.launch`` in its own session; relay events until it exits.
+    """Start ``python -m flowpost.stage`` in its own session; relay events until it exits.
 
     Rank ``N`` writes ``logs/rank-N.log`` (with several processes the launcher writes
     ``logs/launcher.log``). A failure raises naming the failed rank and its last log lines; an
@@ -73,7 +73,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> Do
     multi = spec.num_processes > 1
     log_path = out / "logs" / "launcher.log" if multi else rank_log(out, 0)
     # No preexec_fn: forking with one is unsafe in a threaded parent (Prefect runs tasks in
-    # threads). The stage process ties its life to ours itself (see flowpost.core.launch).
+    # threads). The stage process ties its life to ours itself (see flowpost.stage).
     env = {
         **os.environ,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(threads_per_process(spec)),
@@ -81,7 +81,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> Do
     }
     with log_path.open("a") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "flowpost.core.launch", str(spec_path)],
+            [sys.executable, "-m", "flowpost.stage", str(spec_path)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,

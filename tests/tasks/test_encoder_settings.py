@@ -10,10 +10,10 @@ import pytest
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.config.schema import StageConfig
 from flowpost.core.io import write_json_atomic
-from flowpost.core.launch import build_adapter
 from flowpost.core.models import text_encoders
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
+from flowpost.stage import build_adapter
 from flowpost.tasks.train import stage_spec
 
 SMALL = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}

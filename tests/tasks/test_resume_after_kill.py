@@ -44,7 +44,7 @@ def test_sigkill_mid_stage_then_resume_matches_an_uninterrupted_run(tmp_path: Pa
     (tmp_path / "killed").mkdir()
     killed.write(tmp_path / "killed" / "stage.json")
     process = subprocess.Popen(
-        [sys.executable, "-m", "flowpost.core.launch", str(tmp_path / "killed" / "stage.json")],
+        [sys.executable, "-m", "flowpost.stage", str(tmp_path / "killed" / "stage.json")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from flowpost.core.events import Event
-from flowpost.core.launch import PARENT_GONE
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.errors import FlowpostError
+from flowpost.stage import PARENT_GONE
 from flowpost.tasks.train import run_training
 
 
@@ -100,7 +100,7 @@ def _launch(spec_path: Path, parent_pid: str | None) -> subprocess.CompletedProc
     if parent_pid is not None:
         env[PARENT_PID_ENV] = parent_pid
     return subprocess.run(
-        [sys.executable, "-m", "flowpost.core.launch", str(spec_path)],
+        [sys.executable, "-m", "flowpost.stage", str(spec_path)],
         env=env,
         capture_output=True,
         text=True,

@@ -12,10 +12,10 @@ from transformers.models.clip.modeling_clip import CLIPOutput
 
 from flowpost.core.config.loading import load_pipeline
 from flowpost.core.config.schema import RewardConfig
-from flowpost.core.launch import build_rewards
 from flowpost.core.rewards.clip import ClipScore, ClipSimilarity, PickScore
 from flowpost.core.rewards.registry import build_reward
 from flowpost.errors import FlowpostError
+from flowpost.stage import build_rewards
 
 CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 MEAN = [0.48145466, 0.4578275, 0.40821073]

@@ -13,7 +13,6 @@ from flowpost.core.callbacks.base import Callback
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig
 from flowpost.core.io import write_json_atomic
-from flowpost.core.launch import build_callbacks, build_rewards, build_validation
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.base import BaseTrainer
@@ -24,6 +23,7 @@ from flowpost.data.condition_cache import update_condition_cache
 from flowpost.data.records import Demonstration
 from flowpost.data.shards import write_shards
 from flowpost.data.stage_inputs import load_stage_inputs
+from flowpost.stage import build_callbacks, build_rewards, build_validation
 
 TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 RECORDS = 20  # batch 4 -> 5 batches per epoch

@@ -266,7 +266,7 @@ def test_multinode_two_launchers_on_loopback_form_one_four_rank_job(tmp_path, da
         with (out / "logs" / f"machine-{machine}.log").open("w") as log:
             machines.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "flowpost.core.launch", str(out / "stage.json")],
+                    [sys.executable, "-m", "flowpost.stage", str(out / "stage.json")],
                     env={**os.environ, **topology, "OMP_NUM_THREADS": "1"},
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -315,7 +315,7 @@ def test_resume_grpo_after_sigkill_mid_iteration_is_bit_identical(tmp_path, data
     spec = _spec(killed, data_dirs, "grpo", train, processes, backend, **stage)
     spec.write(killed / "stage.json")
     process = subprocess.Popen(
-        [sys.executable, "-m", "flowpost.core.launch", str(killed / "stage.json")],
+        [sys.executable, "-m", "flowpost.stage", str(killed / "stage.json")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

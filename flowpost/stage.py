@@ -1,7 +1,8 @@
-"""The per-rank entry point of a training stage: ``python -m flowpost.core.launch STAGE.json``.
+"""The per-rank entry point of a training stage: ``python -m flowpost.stage STAGE.json``.
 
-This is the composition root of a stage process: the one core module that opens the data layer
-(``load_stage_inputs``) and hands trainers what they read.
+The composition root of a stage process: it wires the data layer (``load_stage_inputs``) and the
+training core (model, callbacks, rewards, trainer). Tasks start it as a process, or import
+``build_trainer`` from it; nothing in ``data/`` or ``core/`` imports it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from flowpost.errors import FlowpostError
 log = get_logger(__name__)
 PR_SET_PDEATHSIG = 1
 PARENT_GONE = 3  # exit code when the orchestrator died before this process could follow it
+ENTRY = "flowpost.stage"  # this module, as ``python -m`` and torchrun start it
 
 
 def build_callbacks(config: CallbacksConfig, spec: StageSpec) -> dict[str, Callback]:
@@ -169,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         return PARENT_GONE
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m flowpost.core.launch STAGE.json", file=sys.stderr)
+        print(f"usage: python -m {ENTRY} STAGE.json", file=sys.stderr)
         return 2
     spec = StageSpec.read(argv[0])
     num_processes = spec.num_processes
     started_by_torchrun = "RANK" in os.environ
     if num_processes > 1 and not started_by_torchrun:
-        return launch_ranks(argv[0], spec.output_dir, num_processes)
+        return launch_ranks(ENTRY, argv[0], spec.output_dir, num_processes)
     rank = int(os.environ.get("RANK", 0))
     if started_by_torchrun:
         _redirect_output(rank_log(spec.output_dir, rank))
