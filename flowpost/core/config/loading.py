@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from flowpost.core.config.schema import DatasetConfig, PipelineConfig, SamplingConfig, StageConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
+from flowpost.core.lazy import unknown_name
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
@@ -130,7 +131,8 @@ def _stage_problems(
     problems = []
     if stage.model.family not in FAMILIES:
         problems.append(
-            f"stages.{name}.model.family: unknown family {stage.model.family!r}; known: {', '.join(sorted(FAMILIES))}"
+            f"stages.{name}.model.family: "
+            + unknown_name("model family", stage.model.family, FAMILIES, plural="model families")
         )
     if stage.data is None:
         problems.append(f"stages.{name}.data: trainer {stage.trainer!r} needs {{dataset, conditions}}")
@@ -149,9 +151,7 @@ def _stage_problems(
         problems.append(f"stages.{name}.rewards: trainer {stage.trainer!r} uses no reward; remove the section")
     for i, reward in enumerate(stage.rewards):
         if reward.name not in REWARDS:
-            problems.append(
-                f"stages.{name}.rewards.{i}.name: unknown reward {reward.name!r}; known: {', '.join(sorted(REWARDS))}"
-            )
+            problems.append(f"stages.{name}.rewards.{i}.name: " + unknown_name("reward", reward.name, REWARDS))
     processes = stage.launch.num_processes
     for key in ("batch_size", "rollout_batch_size", "train_batch_size"):
         size = stage.train.get(key)

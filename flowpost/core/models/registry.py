@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from flowpost.core.io import read_json
-from flowpost.core.lazy import import_object
+from flowpost.core.lazy import import_registered
 from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
-from flowpost.errors import FlowpostError
 
 FAMILIES: dict[str, str] = {
     "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
@@ -16,9 +15,7 @@ FAMILIES: dict[str, str] = {
 
 def adapter_class(family: str, *, where: str = "model.family") -> type[ModelAdapter]:
     """The adapter class registered for ``family``."""
-    if family not in FAMILIES:
-        raise FlowpostError(f"unknown model family {family!r}; known: {', '.join(sorted(FAMILIES))}", where=where)
-    return import_object(FAMILIES[family])
+    return import_registered(FAMILIES, family, kind="model family", plural="model families", where=where)
 
 
 def load_adapter(path: str | Path) -> ModelAdapter:

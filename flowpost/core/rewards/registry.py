@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from flowpost.core.lazy import import_object
+from flowpost.core.lazy import import_registered
 from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
@@ -22,10 +22,7 @@ REWARDS: dict[str, str] = {
 
 
 def _reward_class(name: str, where: str) -> type:
-    if name not in REWARDS:
-        known = ", ".join(sorted(REWARDS))
-        raise FlowpostError(f"unknown reward {name!r}; known rewards: {known}", where=where)
-    return import_object(REWARDS[name])
+    return import_registered(REWARDS, name, kind="reward", where=where)
 
 
 def reward_parameters(name: str, *, where: str) -> list[str]:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from difflib import get_close_matches
 from typing import TYPE_CHECKING
 
-from flowpost.core.lazy import import_object
-from flowpost.errors import FlowpostError
+from flowpost.core.lazy import import_registered
 
 if TYPE_CHECKING:
     from flowpost.core.trainers.arguments import TrainerArguments
@@ -25,13 +23,7 @@ TRAINERS: dict[str, str] = {
 
 def trainer_class(name: str, *, where: str = "trainer") -> type[BaseTrainer]:
     """The trainer registered as ``name`` (its contract was checked when its class was defined)."""
-    if name not in TRAINERS:
-        close = get_close_matches(name.lower(), TRAINERS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise FlowpostError(
-            f"unknown trainer {name!r}{hint}; known trainers: {', '.join(sorted(TRAINERS))}", where=where
-        )
-    return import_object(TRAINERS[name])
+    return import_registered(TRAINERS, name, kind="trainer", where=where)
 
 
 def arguments_class(name: str, *, where: str = "trainer") -> type[TrainerArguments]:

@@ -269,6 +269,24 @@ def test_unknown_trainer_names_trainer_and_known_ones() -> None:
     assert f"known trainers: {', '.join(sorted(TRAINERS))}" in message
 
 
+@pytest.mark.parametrize(
+    ("override", "path", "suggestion"),
+    [
+        ("stages.sft.trainer=grpoo", "stages.sft.trainer", "grpo"),
+        ("stages.grpo.rewards=[{name: digit_adherance}]", "stages.grpo.rewards.0.name", "digit_adherence"),
+        ("stages.sft.model.family=tiny_sd3", "stages.sft.model.family", "tiny-sd3"),
+    ],
+)
+def test_a_misspelt_registry_name_gets_the_closest_known_one(override: str, path: str, suggestion: str) -> None:
+    message = _error([override])
+    assert path in message and f"did you mean {suggestion!r}?" in message
+
+
+def test_a_trainer_without_feedback_given_rewards_is_rejected() -> None:
+    message = _error(["stages.sft.rewards=[{name: digit_adherence}]"])
+    assert "stages.sft.rewards: trainer 'sft' uses no reward; remove the section" in message
+
+
 def test_unknown_trainer_names_the_stage_path() -> None:
     # every user error names its dotted config path; with several stages, "trainer" alone
     # does not say which stage is wrong
