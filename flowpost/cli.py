@@ -28,6 +28,7 @@ app.add_typer(dvc_app, name="dvc")
 PipelineArg = Annotated[Path | None, typer.Argument(help="pipeline YAML (default: the embedded digits pipeline)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="dotted override, e.g. stages.sft.train.lr=1e-4")]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", "-w", help="folder for every output of the pipeline")]
+SmokeOpt = Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")]
 MachinesOpt = Annotated[int | None, typer.Option("--num-machines", help="machines of multi-process stages")]
 MachineRankOpt = Annotated[int | None, typer.Option("--machine-rank", help="this machine's rank (0: main)")]
 MainIpOpt = Annotated[str | None, typer.Option("--main-process-ip", help="address of machine 0")]
@@ -46,7 +47,7 @@ def run(
     pipeline: PipelineArg = None,
     workspace: WorkspaceOpt = Path("workspace"),
     set_: SetOpt = None,
-    smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
+    smoke: SmokeOpt = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="rerun nodes even when a result exists")] = False,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="continue killed stages")] = True,
     retries: Annotated[int, typer.Option("--retries", min=0, help="retries of a transiently failing node")] = 2,
@@ -136,7 +137,7 @@ def plan(
     pipeline: PipelineArg = None,
     workspace: WorkspaceOpt = Path("workspace"),
     set_: SetOpt = None,
-    smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
+    smoke: SmokeOpt = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="plan as if every node reruns")] = False,
 ) -> None:
     """Print which nodes a run would reuse and which it would run (and why), without running anything."""
@@ -161,7 +162,7 @@ def stage(
     pipeline: Annotated[Path | None, typer.Option("--pipeline", "-p")] = None,
     workspace: WorkspaceOpt = Path("workspace"),
     set_: SetOpt = None,
-    smoke: Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")] = False,
+    smoke: SmokeOpt = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="start the node over")] = False,
     resume: Annotated[bool, typer.Option("--resume/--no-resume")] = True,
     layout: Annotated[
