@@ -13,7 +13,7 @@ from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.rl.rollout import Rollout
-from flowpost.core.trainers.rollouts import RolloutEngine
+from flowpost.core.trainers.rollout_engine import RolloutEngine
 from flowpost.errors import FlowpostError
 
 MicroBatchLoss = Callable[[Rollout, float], dict[str, float]]
