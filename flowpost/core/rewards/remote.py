@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import torch
 from PIL import Image
@@ -42,6 +42,22 @@ def encode_images(media: Tensor, image_format: str = "png") -> list[str]:
     return encoded
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Hands every 3xx back as an ``HTTPError``: a redirect would carry the token elsewhere."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _without_secrets(url: str) -> str:
+    """``url`` without credentials, query or fragment: safe to print."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 def _json_value(value: Any) -> Any:
     """Numpy/torch scalars and arrays in metadata become plain lists and numbers."""
     if hasattr(value, "tolist"):
@@ -65,7 +81,8 @@ class RemoteReward:
     Connection errors, timeouts and HTTP 5xx are retried ``retries`` times, sleeping
     ``backoff * 2**attempt`` seconds before each retry; 4xx answers are not retried. With
     ``token_env``, the environment variable of that name holds a bearer token, sent as
-    ``Authorization: Bearer ...``; the token never appears in configs, logs or errors. Pipelines
+    ``Authorization: Bearer ...``; the token never appears in configs, logs or errors. Redirects are
+    not followed (they would carry the token, and the scores, to another address). Pipelines
     fingerprint the model version the server's ``GET /health`` reports, unless ``version`` pins it.
     """
 
@@ -94,7 +111,7 @@ class RemoteReward:
                 "and name it with token_env",
                 where="rewards",
             )
-        self.where = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        self.where = _without_secrets(url)
         if image_format not in IMAGE_FORMATS:
             raise FlowpostError(
                 f"image_format must be one of {', '.join(IMAGE_FORMATS)}, got {image_format!r}", where=self.where
@@ -163,9 +180,16 @@ class RemoteReward:
             method = "GET" if body is None else "POST"
             request = urllib.request.Request(url, data=body, headers=headers, method=method)
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                with _OPENER.open(request, timeout=self.timeout) as response:
                     return response.read()
             except urllib.error.HTTPError as exc:
+                if 300 <= exc.code < 400:
+                    target = _without_secrets(urljoin(url, exc.headers.get("Location", "")))
+                    raise FlowpostError(
+                        f"reward server redirected (HTTP {exc.code}) to {target}; redirects are not followed "
+                        "for scoring: set the reward's url to the address that answers",
+                        where=self.where,
+                    ) from None
                 detail = _error_detail(exc.read())
                 if exc.code < 500:
                     raise FlowpostError(
