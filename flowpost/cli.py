@@ -283,11 +283,18 @@ def reward_server(
         str | None,
         typer.Option("--version", help="model version GET /health reports (default: hash of name and options)"),
     ] = None,
+    max_body_mb: Annotated[
+        int, typer.Option("--max-body-mb", min=1, help="largest request body in MiB (413 above)")
+    ] = 256,
+    max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="most images per request (413 above)")] = 1024,
 ) -> None:
-    """Serve a registered reward over HTTP (POST /score, GET /health) until Ctrl-C."""
+    """Serve a registered reward over HTTP (POST /score, GET /health) until Ctrl-C.
+
+    Listening on an address other than loopback needs --token-env.
+    """
     import yaml
 
-    from flowpost.core.rewards.server import serve_registered_reward
+    from flowpost.core.rewards.server import MIB, Limits, serve_registered_reward
 
     where = "flowpost reward-server"
     options = {}
@@ -301,7 +308,10 @@ def reward_server(
         token = os.environ.get(token_env)
         if not token:
             raise FlowpostError(f"environment variable {token_env} (--token-env) is not set", where=where)
-    server = serve_registered_reward(name, options, host=host, port=port, token=token, version=version, where=where)
+    limits = Limits(max_body_bytes=max_body_mb * MIB, max_batch=max_batch)
+    server = serve_registered_reward(
+        name, options, host=host, port=port, token=token, version=version, limits=limits, where=where
+    )
     typer.echo(f"serving reward {name!r} version {server.version} at {server.url} (health: GET /health); Ctrl-C stops")
     server.serve_until_interrupted()
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from flowpost.core.evaluation.classifier import REWARD_CLASSIFIER, load_classifier
+from flowpost.core.rewards.labels import digit_label
 from flowpost.errors import FlowpostError
 
 
@@ -28,15 +29,22 @@ class DigitAdherence:
 
     @torch.no_grad()
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
+        size = self.classifier.image_size
+        if media.ndim != 4 or tuple(media.shape[1:]) != (1, size, size):
+            raise FlowpostError(
+                f"digit_adherence scores grayscale {size}x{size} images [B, 1, {size}, {size}], got "
+                f"{tuple(media.shape)}; send single-channel images of the classifier's size",
+                where="rewards",
+            )
         labels = []
         for prompt, meta in zip(prompts, metadata, strict=True):
+            found = meta.get("label") if isinstance(meta, dict) else None
             try:
-                labels.append(int(meta["label"]))
-            except (KeyError, TypeError, ValueError):
-                found = meta.get("label") if isinstance(meta, dict) else None
+                labels.append(digit_label(found))
+            except ValueError as exc:
                 raise FlowpostError(
-                    f"digit_adherence needs an integer 'label' in every prompt's metadata; prompt {prompt!r} has "
-                    f"label {found!r}: give it one in its prompt file (a 'label' field or column)",
+                    f"digit_adherence needs a digit 0-9 as 'label' in every prompt's metadata; prompt {prompt!r}: "
+                    f"{exc}; give it one in its prompt file (a 'label' field or column)",
                     where="rewards",
                 ) from None
         return label_probability(self.classifier, media, torch.tensor(labels))

@@ -4,46 +4,64 @@
 entry per sample; PNG or JPEG, all the same size, grayscale or RGB) and answers
 ``{"scores": [float]}``. ``GET /health`` answers ``{"ok": true, "reward": NAME, "version": VERSION}``
 without a token; clients fingerprint the version, so changing it reruns what the reward trained.
-Errors are JSON ``{"error": MESSAGE}``: 400 for bad requests, 401 for a missing or wrong token.
+Errors are JSON ``{"error": MESSAGE}``: 400 for bad requests (including inputs the reward refuses,
+such as a label out of range), 401 for a missing or wrong token, 413 for a body or batch over the
+server's ``Limits``, 500 when the reward itself fails.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
-import io
+import ipaddress
 import json
 import logging
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-import numpy as np
-import torch
-from PIL import Image, UnidentifiedImageError
-from torch import Tensor
 
 from flowpost.core.io import sha256_json
 from flowpost.core.rewards.base import Reward
 from flowpost.core.rewards.registry import build_reward
+from flowpost.core.rewards.score_request import BadRequest, parse_score_request
 from flowpost.errors import FlowpostError
 
 logger = logging.getLogger(__name__)
 
 
-class BadRequest(Exception):
-    """A request the server answers with HTTP 400."""
+MIB = 1 << 20
+_DRAIN_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The largest ``POST /score`` body (bytes) and batch (images) the server accepts."""
+
+    max_body_bytes: int = 256 * MIB
+    max_batch: int = 1024
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class RewardServer(ThreadingHTTPServer):
     """A threading HTTP server holding one reward; scoring calls are serialised by a lock."""
 
-    def __init__(self, address: tuple[str, int], reward: Reward, token: str | None, version: str) -> None:
+    def __init__(
+        self, address: tuple[str, int], reward: Reward, token: str | None, version: str, limits: Limits
+    ) -> None:
         super().__init__(address, RewardHandler)
         self.reward = reward
         self.token = token
         self.version = version
+        self.limits = limits
         self.score_lock = threading.Lock()
 
     def serve_until_interrupted(self) -> None:
@@ -62,48 +80,12 @@ class RewardServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/score"
 
 
-def decode_images(images: Any) -> Tensor:
-    """[B, C, H, W] float32 in [0, 1] from base64 images of one size (C = 1 for grayscale, else 3)."""
-    if not isinstance(images, list) or not images:
-        raise BadRequest('"images" must be a non-empty list of base64 strings')
-    arrays = []
-    for i, encoded in enumerate(images):
-        try:
-            with Image.open(io.BytesIO(base64.b64decode(encoded, validate=True))) as image:
-                image.load()
-                array = np.asarray(image if image.mode == "L" else image.convert("RGB"))
-        except (TypeError, binascii.Error, UnidentifiedImageError, OSError) as exc:
-            raise BadRequest(f"images[{i}] is not a base64-encoded image ({exc})") from None
-        arrays.append(array[..., None] if array.ndim == 2 else array)
-    if any(array.shape != arrays[0].shape for array in arrays):
-        shapes = sorted({array.shape for array in arrays})
-        raise BadRequest(f"all images must have the same size and mode, got (H, W, C) shapes {shapes}")
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255
-
-
-def _parse_request(body: bytes) -> tuple[Tensor, list[str], list[dict[str, Any]]]:
-    try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"body is not JSON ({exc})") from None
-    if not isinstance(request, dict):
-        raise BadRequest('body must be a JSON object with "prompts", "metadata" and "images"')
-    media = decode_images(request.get("images"))
-    batch = media.shape[0]
-    prompts = request.get("prompts")
-    if not isinstance(prompts, list) or len(prompts) != batch or not all(isinstance(p, str) for p in prompts):
-        raise BadRequest(f'"prompts" must be a list of {batch} strings, one per image')
-    metadata = request.get("metadata", [{} for _ in range(batch)])
-    if not isinstance(metadata, list) or len(metadata) != batch or not all(isinstance(m, dict) for m in metadata):
-        raise BadRequest(f'"metadata" must be a list of {batch} objects, one per image')
-    return media, prompts, metadata
-
-
 class RewardHandler(BaseHTTPRequestHandler):
     """Answers ``GET /health`` and ``POST /score`` for the server's reward."""
 
     server: RewardServer
     protocol_version = "HTTP/1.1"
+    timeout = 60  # seconds a stalled client may hold a connection's socket read
 
     def do_GET(self) -> None:
         if self.path != "/health":
@@ -120,6 +102,15 @@ class RewardHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._answer(400, {"error": "bad Content-Length header"})
             return
+        limit = self.server.limits.max_body_bytes
+        if length > limit:
+            self._drain(length)
+            message = (
+                f"request body of {length} bytes is over this server's limit of {limit} bytes; send smaller "
+                "batches or start the server with a larger --max-body-mb"
+            )
+            self._answer(413, {"error": message})
+            return
         body = self.rfile.read(length)
         if self.path != "/score":
             self._answer(404, {"error": f"no such endpoint: POST {self.path}"})
@@ -128,21 +119,29 @@ class RewardHandler(BaseHTTPRequestHandler):
             self._answer(401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
             return
         try:
-            media, prompts, metadata = _parse_request(body)
+            request = parse_score_request(body, max_batch=self.server.limits.max_batch)
             with self.server.score_lock:
-                scores = self.server.reward(media, prompts, metadata)
-        except (BadRequest, FlowpostError) as exc:
+                scores = self.server.reward(request.media, request.prompts, request.metadata)
+        except BadRequest as exc:
+            self._answer(exc.status, {"error": str(exc)})
+            return
+        except FlowpostError as exc:
             self._answer(400, {"error": str(exc)})
             return
         except Exception:
             logger.exception("reward %s failed", self.server.reward.name)
             self._answer(500, {"error": f"reward {self.server.reward.name!r} failed; see the server log"})
             return
-        if scores.shape != (media.shape[0],):
-            message = f"reward returned shape {tuple(scores.shape)}, expected ({media.shape[0]},)"
-            self._answer(500, {"error": message})
+        batch = request.media.shape[0]
+        if scores.shape != (batch,):
+            self._answer(500, {"error": f"reward returned shape {tuple(scores.shape)}, expected ({batch},)"})
             return
         self._answer(200, {"scores": scores.detach().float().cpu().tolist()})
+
+    def _drain(self, length: int) -> None:
+        """Read and discard ``length`` body bytes, so the client reads the answer instead of a reset."""
+        while length > 0 and (chunk := self.rfile.read(min(length, _DRAIN_CHUNK))):
+            length -= len(chunk)
 
     def _authorised(self) -> bool:
         if self.server.token is None:
@@ -165,15 +164,28 @@ class RewardHandler(BaseHTTPRequestHandler):
 
 
 def serve_reward(
-    reward: Reward, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None, version: str | None = None
+    reward: Reward,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    version: str | None = None,
+    limits: Limits | None = None,
 ) -> RewardServer:
     """A bound server for ``reward`` (port 0: any free port); run ``serve_forever()`` to answer requests.
 
-    With ``token``, ``POST /score`` requires ``Authorization: Bearer <token>``. ``version`` (default:
-    the reward's name) is what ``GET /health`` reports as the model version.
+    With ``token``, ``POST /score`` requires ``Authorization: Bearer <token>``; a ``host`` other than
+    loopback requires a token. ``version`` (default: the reward's name) is what ``GET /health``
+    reports as the model version.
     """
+    if token is None and not is_loopback(host):
+        raise FlowpostError(
+            f"listening on {host or 'every interface'} lets other machines score with this reward; require a "
+            "bearer token (--token-env VARIABLE) or listen on 127.0.0.1",
+            where="reward server",
+        )
     try:
-        return RewardServer((host, port), reward, token, version or reward.name)
+        return RewardServer((host, port), reward, token, version or reward.name, limits or Limits())
     except OSError as exc:
         raise FlowpostError(f"cannot listen on {host}:{port} ({exc})", where="reward server") from None
 
@@ -186,6 +198,7 @@ def serve_registered_reward(
     port: int,
     token: str | None = None,
     version: str | None = None,
+    limits: Limits | None = None,
     where: str = "reward server",
 ) -> RewardServer:
     """A bound server for the registered reward ``name`` built with ``options``.
@@ -195,5 +208,10 @@ def serve_registered_reward(
     """
     version = version or sha256_json({"reward": name, "options": options})[:12]
     return serve_reward(
-        build_reward(name, options=options, where=where), host=host, port=port, token=token, version=version
+        build_reward(name, options=options, where=where),
+        host=host,
+        port=port,
+        token=token,
+        version=version,
+        limits=limits,
     )

@@ -102,8 +102,15 @@ def test_registry_builds_digit_adherence(tmp_path: Path) -> None:
     torch.testing.assert_close(per_label.sum(0), torch.ones(3))
     string_labels = reward(media, [""] * 3, [{"label": "4"}] * 3)  # csv prompt files hold text
     torch.testing.assert_close(string_labels, per_label[4])
-    with pytest.raises(FlowpostError, match=r"prompt 'a seven' has label None: give it one in its prompt file"):
+    with pytest.raises(FlowpostError, match=r"prompt 'a seven': label None is not an integer digit 0-9; give it one"):
         reward(media, ["a three", "a seven", "x"], [{"label": 3}, {}, {"label": 1}])
+    for label, reason in [(1.9, "not an integer"), (True, "a boolean"), (10, "out of range"), ("-1", "not an integer")]:
+        with pytest.raises(FlowpostError, match=f"label {label!r} is {reason}"):
+            reward(media[:1], ["a one"], [{"label": label}])
+    with pytest.raises(FlowpostError, match=r"grayscale 16x16 images \[B, 1, 16, 16\], got \(2, 3, 16, 16\)"):
+        reward(torch.rand(2, 3, 16, 16), ["", ""], [{"label": 1}] * 2)
+    with pytest.raises(FlowpostError, match=r"got \(2, 1, 28, 28\)"):
+        reward(torch.rand(2, 1, 28, 28), ["", ""], [{"label": 1}] * 2)
 
 
 def test_registry_errors_name_the_config_path() -> None:
