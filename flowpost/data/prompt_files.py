@@ -2,19 +2,19 @@
 
 ``.txt`` holds one prompt per line (blank lines and lines starting with ``#`` are skipped); the
 other formats hold a ``prompt`` field or column, and every other field becomes the record's
-metadata (e.g. ``label`` for ``digit_adherence``). A folder contributes its files in name order,
-subfolders included; a prompt seen twice keeps its first metadata.
+metadata. A ``label`` is the digit 0-9 ``digit_adherence`` scores (decimal text in a CSV cell is
+read as its integer); anything else is refused. A folder contributes its files in name order,
+subfolders included; a prompt seen twice must carry the same metadata both times.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 from pathlib import Path
-from typing import Any
 
 from flowpost.core.io import sha256_file
+from flowpost.core.rewards.labels import digit_label
+from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
 from flowpost.data.records import PromptRecord
 from flowpost.errors import FlowpostError
 
@@ -54,38 +54,36 @@ def prompt_files_fingerprint(path: str | Path, *, where: str) -> str:
 def read_prompt_files(path: str | Path, *, where: str) -> list[PromptRecord]:
     """Every prompt at ``path`` once, in file order."""
     records: dict[str, PromptRecord] = {}
+    seen_at: dict[str, str] = {}
     for file in prompt_files(path, where=where):
-        for row in _rows(file):
-            prompt = row.pop("prompt", None)
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise FlowpostError(f"{file}: a row has no 'prompt' text: {row}", where=where)
-            records.setdefault(prompt.strip(), PromptRecord(prompt.strip(), row))
+        for row in read_prompt_rows(file):
+            record = _record(row)
+            first = records.setdefault(record.prompt, record)
+            seen_at.setdefault(record.prompt, row.where)
+            if first.metadata != record.metadata:
+                raise FlowpostError(
+                    f"prompt {record.prompt!r} has metadata {record.metadata} here and {first.metadata} at "
+                    f"{seen_at[record.prompt]}; keep one of them",
+                    where=row.where,
+                )
     if not records:
         raise FlowpostError(f"{path}: no prompts found", where=where)
     return list(records.values())
 
 
-def _rows(file: Path) -> list[dict[str, Any]]:
-    suffix = file.suffix.lower()
-    text = file.read_text(encoding="utf-8") if suffix != ".parquet" else ""
-    if suffix == ".txt":
-        lines = (line.strip() for line in text.splitlines())
-        return [{"prompt": line} for line in lines if line and not line.startswith("#")]
-    if suffix == ".jsonl":
-        rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise FlowpostError(f"{file}:{number}: not JSON ({exc.msg})", where=str(file)) from None
-            if not isinstance(row, dict):
-                raise FlowpostError(f"{file}:{number}: expected an object with a 'prompt'", where=str(file))
-            rows.append(row)
-        return rows
-    if suffix == ".csv":
-        return [dict(row) for row in csv.DictReader(text.splitlines())]
-    import pyarrow.parquet as pq
-
-    return pq.read_table(file).to_pylist()
+def _record(row: PromptRow) -> PromptRecord:
+    """The row as a record: a non-empty prompt, and a ``label`` (when given) read as a digit."""
+    metadata = dict(row.fields)
+    prompt = metadata.pop("prompt", None)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise FlowpostError(f"this row has no 'prompt' text: {metadata}", where=row.where)
+    if "label" in metadata:
+        try:
+            metadata["label"] = digit_label(metadata["label"])
+        except ValueError as exc:
+            raise FlowpostError(
+                f"{exc}; 'label' is the digit digit_adherence scores: fix it, or rename the field if it means "
+                "something else",
+                where=row.where,
+            ) from None
+    return PromptRecord(prompt.strip(), metadata)

@@ -19,7 +19,7 @@ def _folder(tmp_path: Path) -> Path:
     root = tmp_path / "prompts"
     (root / "more").mkdir(parents=True)
     (root / "a.txt").write_text("# comment\na digit three\n\n  a digit four  \n")
-    rows = [{"prompt": "a digit five", "label": 5}, {"prompt": "a digit three", "label": 3}]
+    rows = [{"prompt": "a digit five", "label": 5}, {"prompt": "a digit five", "label": 5}]
     (root / "b.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (root / "c.csv").write_text("prompt,label\na digit six,6\n")
     pq.write_table(pa.table({"prompt": ["a digit seven"], "label": [7]}), root / "more" / "d.parquet")
@@ -29,10 +29,10 @@ def _folder(tmp_path: Path) -> Path:
 def test_every_format_contributes_its_prompts_with_metadata_in_file_order(tmp_path: Path) -> None:
     records = read_prompt_files(_folder(tmp_path), where=WHERE)
     assert [(r.prompt, r.metadata) for r in records] == [
-        ("a digit three", {}),  # first seen in a.txt: its later jsonl row does not replace it
+        ("a digit three", {}),
         ("a digit four", {}),
-        ("a digit five", {"label": 5}),
-        ("a digit six", {"label": "6"}),  # csv values are text
+        ("a digit five", {"label": 5}),  # twice with the same metadata: one record
+        ("a digit six", {"label": 6}),  # a csv cell's decimal text is read as the digit
         ("a digit seven", {"label": 7}),
     ]
 
@@ -60,7 +60,12 @@ def test_the_fingerprint_follows_contents_and_names_only(tmp_path: Path) -> None
     [
         ("bad.jsonl", '{"prompt": "ok"}\nnot json\n', r"bad\.jsonl:2: not JSON"),
         ("bad.jsonl", '["a list"]\n', r"bad\.jsonl:1: expected an object"),
-        ("bad.csv", "text,label\nhello,1\n", r"bad\.csv: a row has no 'prompt'"),
+        ("bad.csv", "text,label\nhello,1\n", r"bad\.csv:2: this row has no 'prompt'"),
+        ("bad.csv", "prompt,label\na one,1,extra\n", r"bad\.csv:2: more cells than the header has columns"),
+        ("bad.jsonl", '{"prompt": "a one", "label": 1.9}\n', r"bad\.jsonl:1: label 1\.9 is not an integer digit"),
+        ("bad.jsonl", '{"prompt": "a one", "label": true}\n', r"bad\.jsonl:1: label True is a boolean"),
+        ("bad.csv", "prompt,label\na one,1\na ten,10\n", r"bad\.csv:3: label '10' is out of range; digits are 0-9"),
+        ("bad.parquet", "PAR1 truncated", r"bad\.parquet: not a readable parquet file"),
         ("notes.md", "hello\n", r"notes\.md: not a prompt file"),
     ],
 )
@@ -77,3 +82,22 @@ def test_a_missing_path_or_an_empty_folder_says_what_to_do(tmp_path: Path) -> No
     (tmp_path / "empty").mkdir()
     with pytest.raises(FlowpostError, match="no prompt files"):
         prompt_files_fingerprint(tmp_path / "empty", where=WHERE)
+
+
+def test_a_prompt_with_two_different_labels_names_both_places(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"prompt": "a digit", "label": 1}\n')
+    (tmp_path / "b.csv").write_text("prompt,label\nother,2\na digit,7\n")
+    with pytest.raises(FlowpostError) as info:
+        read_prompt_files(tmp_path, where=WHERE)
+    assert str(info.value) == (
+        f"{tmp_path / 'b.csv'}:3: prompt 'a digit' has metadata {{'label': 7}} here and {{'label': 1}} at "
+        f"{tmp_path / 'a.jsonl'}:1; keep one of them"
+    )
+
+
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    (tmp_path / "latin.txt").write_bytes("a digit one\nun chiffre \u00e9\n".encode("latin-1"))
+    with pytest.raises(FlowpostError) as info:
+        read_prompt_files(tmp_path, where=WHERE)
+    assert str(info.value).startswith(f"{tmp_path / 'latin.txt'}:2: not UTF-8 text (byte 23: invalid")
+    assert str(info.value).endswith("save the file as UTF-8")
