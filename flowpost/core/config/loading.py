@@ -21,7 +21,22 @@ DEFAULT_PIPELINE = "digits"
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 scalars: ``1e-4`` is a float, only ``true``/``false`` are booleans
-    (``no``, ``on``, ``yes`` stay strings, as DVC's YAML writer assumes)."""
+    (``no``, ``on``, ``yes`` stay strings, as DVC's YAML writer assumes); a key given twice in one
+    mapping is an error (``<<`` merges may still be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {key!r} (first at line {first_line[key]}); keep one of them",
+                    problem_mark=key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 _BOOL = "tag:yaml.org,2002:bool"
@@ -206,6 +221,8 @@ def _format_errors(exc: ValidationError, *, prefix: str) -> str:
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key; remove it or check its spelling"
+        elif error["type"] == "finite_number":
+            message = f"{error.get('input')} is not a finite number; give a finite value"
         elif error["type"] == "literal_error":
             message = f"{message} (got {error.get('input')!r})"
         lines.append(f"{path}: {message}" if path else message)

@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from flowpost.core.config.base import StrictModel
+from flowpost.core.config.base import StrictModel, non_finite_keys
 from flowpost.core.extras import DEEPSPEED_INSTALL, deepspeed_installed
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
@@ -159,6 +159,13 @@ class RewardConfig(StrictModel):
     name: str
     weight: float = 1.0
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("options")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if bad := non_finite_keys(value):
+            raise ValueError(f"{', '.join(bad)} is not a finite number; give a finite value")
+        return value
 
 
 class StageConfig(StrictModel):
