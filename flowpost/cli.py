@@ -194,6 +194,7 @@ def dvc_sync(
     set_: SetOpt = None,
     root: Annotated[Path, typer.Option("--root", help="the DVC repository root")] = Path("."),
     check: Annotated[bool, typer.Option("--check", help="check the files are in sync (exit 1 if not)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="overwrite files that flowpost did not write")] = False,
 ) -> None:
     """Write params.yaml (the resolved pipeline) and dvc.yaml (one DVC stage per node)."""
     from flowpost.tasks.dvc import check_in_sync, sync
@@ -203,7 +204,7 @@ def dvc_sync(
         check_in_sync(config, root)
         typer.echo("params.yaml and dvc.yaml are in sync")
         return
-    changed = sync(config, root)
+    changed = sync(config, root, force=force)
     typer.echo("\n".join(f"wrote {path}" for path in changed) or "params.yaml and dvc.yaml already in sync")
 
 

@@ -106,14 +106,23 @@ def code_dir_in(root: Path) -> str | None:
         return None
 
 
-def sync(pipeline: PipelineConfig, root: Path) -> list[Path]:
-    """Write ``params.yaml`` and ``dvc.yaml`` into ``root`` (atomically); return the files changed."""
-    changed = []
-    for name, text in render(pipeline, code_dir=code_dir_in(root)).items():
-        path = root / name
-        if not path.exists() or path.read_text() != text:
-            write_bytes_atomic(path, text.encode())
-            changed.append(path)
+def sync(pipeline: PipelineConfig, root: Path, *, force: bool = False) -> list[Path]:
+    """Write ``params.yaml`` and ``dvc.yaml`` into ``root`` (atomically); return the files changed.
+
+    A file there without flowpost's ``HEADER`` was written by hand: it is kept, and nothing is
+    written, unless ``force``.
+    """
+    rendered = {root / name: text for name, text in render(pipeline, code_dir=code_dir_in(root)).items()}
+    changed = [path for path, text in rendered.items() if not path.exists() or path.read_text() != text]
+    hand_written = [path for path in changed if path.exists() and not path.read_text().startswith(HEADER)]
+    if hand_written and not force:
+        raise FlowpostError(
+            f"{', '.join(str(path) for path in hand_written)} not written by `flowpost dvc sync` (no header "
+            "line); move it aside, or pass --force to overwrite it",
+            where=str(root),
+        )
+    for path in changed:
+        write_bytes_atomic(path, rendered[path].encode())
     return changed
 
 
