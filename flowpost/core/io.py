@@ -28,16 +28,28 @@ def sha256_json(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where ``/proc`` allows (other threads may be writing)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as status:
+            return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
     """Yield a handle on a temporary sibling of ``path``; on success it is synced and renamed to ``path``.
 
-    On failure the temporary file is removed and ``path`` is left as it was.
+    The file gets the mode ``open`` would give it (``0o666`` less the umask), not ``mkstemp``'s
+    ``0o600``. On failure the temporary file is removed and ``path`` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()
@@ -68,12 +80,15 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
 
     An existing ``final`` is first renamed aside, the new directory is renamed in, and only
     then is the old one deleted: at every moment one complete version is in place or aside.
-    On failure the temporary directory is removed and ``final`` is left as it was.
+    The directory gets the mode ``mkdir`` would give it (``0o777`` less the umask), not
+    ``mkdtemp``'s ``0o700``. On failure the temporary directory is removed and ``final`` is left as
+    it was.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         old = None
         if final.exists():
