@@ -61,6 +61,19 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         raise
 
 
+def check_output_file(path: str | Path, *, where: str) -> None:
+    """Raise a FlowpostError unless ``path`` can be written as a file: not a folder, nor under a file."""
+    from flowpost.errors import FlowpostError
+
+    path = Path(path)
+    if path.is_dir():
+        raise FlowpostError(f"{path} is a folder; give a file path, e.g. {path / 'grid.png'}", where=where)
+    parent = next(p for p in path.absolute().parents if p.exists())
+    if not parent.is_dir():
+        message = f"{parent} is a file, so {path} cannot be written under it; choose another path"
+        raise FlowpostError(message, where=where)
+
+
 def write_json_atomic(path: str | Path, value: Any) -> None:
     """Write JSON to ``path`` through a temporary file and a rename."""
     with atomic_file(path, "w") as handle:

@@ -10,11 +10,13 @@ from torch import Tensor
 
 from flowpost.core.conditions import NULL_PROMPT, ConditionBatch
 from flowpost.core.evaluation.grid import save_grid
+from flowpost.core.io import check_output_file
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.ode import sample_ode
 from flowpost.core.sampling.schedules import inference_sigmas
+from flowpost.errors import FlowpostError
 
 
 def model_device(adapter: ModelAdapter) -> torch.device:
@@ -91,7 +93,13 @@ def sample_prompts(
     nrow: int | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Encode ``prompts``, integrate the ODE from addressed noise, write a PNG grid; returns images."""
+    """Encode ``prompts``, integrate the ODE from addressed noise, write a PNG grid; returns images.
+
+    A folder as ``out``, or a file as ``model_dir``, is a FlowpostError before anything is loaded.
+    """
+    check_output_file(out, where="--out")
+    if Path(model_dir).exists() and not Path(model_dir).is_dir():
+        raise FlowpostError(f"{model_dir} is a file; give an export (or saved model) folder", where="sample")
     adapter = load_adapter(model_dir)
     if device is not None:
         adapter.module().to(device)
