@@ -254,7 +254,14 @@ def sample(
 ) -> None:
     """Generate ``n`` samples of one prompt into a PNG grid."""
     from flowpost.core.sampling.generate import sample_prompts
+    from flowpost.tasks.integrity import COMPLETE, completed_damage
 
+    if (export / COMPLETE).is_file() and (problem := completed_damage(export)):
+        raise FlowpostError(
+            f"export is damaged: {problem} since it completed; rebuild it with `flowpost run` (it reruns damaged "
+            "nodes) or `flowpost stage export`",
+            where=str(export),
+        )
     sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
     typer.echo(f"wrote {out}")
 
