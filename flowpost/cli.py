@@ -63,20 +63,22 @@ def run(
 
     from flowpost.core.config.loading import pipeline_to_dict
     from flowpost.core.process_group import export_topology
+    from flowpost.tasks.workspace_lock import workspace_lock
 
     config = _load(pipeline, set_, smoke=smoke)
     export_topology(num_machines, machine_rank, main_process_ip, main_process_port)
     _quiet_prefect_defaults()
-    from flowpost.flows.pipeline import pipeline_flow
+    with workspace_lock(workspace, "flowpost run"):  # taken before a temporary Prefect server starts
+        from flowpost.flows.pipeline import pipeline_flow
 
-    results = pipeline_flow(
-        pipeline_to_dict(config),
-        str(workspace),
-        refresh=refresh,
-        resume=resume,
-        retries=retries,
-        retry_delay_seconds=retry_delay,
-    )
+        results = pipeline_flow(
+            pipeline_to_dict(config),
+            str(workspace),
+            refresh=refresh,
+            resume=resume,
+            retries=retries,
+            retry_delay_seconds=retry_delay,
+        )
     table = Table(title=f"pipeline {config.name} in {workspace}")
     for column in ("node", "status", "seconds", "folder"):
         table.add_column(column)
@@ -255,7 +257,14 @@ def sample(
 ) -> None:
     """Generate ``n`` samples of one prompt into a PNG grid."""
     from flowpost.core.sampling.generate import sample_prompts
+    from flowpost.tasks.integrity import COMPLETE, completed_damage
 
+    if (export / COMPLETE).is_file() and (problem := completed_damage(export)):
+        raise FlowpostError(
+            f"export is damaged: {problem} since it completed; rebuild it with `flowpost run` (it reruns damaged "
+            "nodes) or `flowpost stage export`",
+            where=str(export),
+        )
     sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
     typer.echo(f"wrote {out}")
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from flowpost.core.io import atomic_directory, read_json, sha256_file, write_json_atomic
+from flowpost.core.io import atomic_directory, hash_mismatch, read_json, sha256_file, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.errors import FlowpostError
 
@@ -83,13 +83,7 @@ def verify_checkpoint(path: Path) -> str | None:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         return "manifest lists no files"
-    for name, digest in files.items():
-        file = path / name
-        if not file.exists():
-            return f"{name} is missing"
-        if sha256_file(file) != digest:
-            return f"{name} does not match its hash"
-    return None
+    return hash_mismatch(path, files)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

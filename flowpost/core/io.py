@@ -22,6 +22,17 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def hash_mismatch(root: str | Path, hashes: dict[str, str]) -> str | None:
+    """None when each file named in ``hashes`` (relative to ``root``) has its recorded SHA-256, else why not."""
+    for name, digest in hashes.items():
+        path = Path(root) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if sha256_file(path) != digest:
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
 def sha256_json(value: Any) -> str:
     """Hex SHA-256 of a JSON-serialisable value in canonical form (sorted keys)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)

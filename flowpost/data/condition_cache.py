@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import torch
 
 from flowpost.core.conditions import ConditionBatch
-from flowpost.core.io import atomic_file, sha256_file, write_json_atomic
+from flowpost.core.io import atomic_file, hash_mismatch, read_json, sha256_file, write_json_atomic
 from flowpost.core.trainers.inputs import ConditionTable
 from flowpost.errors import FlowpostError
 
@@ -168,11 +168,23 @@ def _flat(table: pa.Table, name: str, dtype: type) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
+def _check_table(cache_dir: Path) -> None:
+    """Refuse a table whose bytes differ from the sha256 its manifest recorded when it was written."""
+    manifest = read_json(cache_dir / MANIFEST, what="condition cache manifest")
+    recorded = manifest.get("sha256") if isinstance(manifest, dict) else None
+    problem = hash_mismatch(cache_dir, {TABLE: recorded}) if isinstance(recorded, str) else "no sha256 recorded"
+    if problem is not None:
+        raise FlowpostError(
+            f"condition cache is damaged ({problem} in {MANIFEST}); re-run the conditions node", where=str(cache_dir)
+        )
+
+
 def load_condition_table(cache_dir: Path, encoder_fingerprint: str) -> tuple[list[str], ConditionBatch]:
     """All prompts cached for ``encoder_fingerprint`` and their conditions, row-aligned."""
     cache_dir = Path(cache_dir)
     if not (cache_dir / TABLE).is_file():
         raise FlowpostError("condition cache not found; re-run the conditions node", where=str(cache_dir))
+    _check_table(cache_dir)
     table = _read_table(cache_dir)
     table = table.filter(pc.equal(table.column("encoder_fingerprint"), encoder_fingerprint))
     if table.num_rows == 0:

@@ -20,6 +20,7 @@ from flowpost.core.events import Event, StartEvent, StepEvent
 from flowpost.errors import FlowpostError, TransientError
 from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.runner import NodeResult, PipelineRun
+from flowpost.tasks.workspace_lock import workspace_lock
 
 HEAVY_KINDS = (NodeKind.TRAIN, NodeKind.EVAL)
 
@@ -118,8 +119,16 @@ def pipeline_flow(
 
     A node that fails transiently is retried ``retries`` times, waiting ``retry_delay_seconds``
     doubled at each retry (a training node resumes from its checkpoints). When a node fails, nodes
-    downstream of it do not run and the flow fails with that node's message.
+    downstream of it do not run and the flow fails with that node's message. The flow holds the
+    workspace's lock (``flowpost run`` already does; a scheduled or deployed run takes it here).
     """
+    with workspace_lock(workspace, "flowpost flow run"):
+        return _run_pipeline(pipeline, workspace, refresh, resume, retries, retry_delay_seconds)
+
+
+def _run_pipeline(
+    pipeline: dict[str, Any], workspace: str, refresh: bool, resume: bool, retries: int, retry_delay_seconds: float
+) -> list[NodeResult]:
     run = PipelineRun(validate_pipeline(pipeline), workspace)
     futures: dict[str, Any] = {}
     for node_id, waits in submission_plan(run.nodes).items():

@@ -8,6 +8,7 @@ from flowpost.core.config.schema import PipelineConfig
 from flowpost.errors import FlowpostError
 from flowpost.tasks.runner import LAYOUTS, NodeResult, PipelineRun
 from flowpost.tasks.train import EventHandler
+from flowpost.tasks.workspace_lock import workspace_lock
 
 
 def run_bare_node(
@@ -21,11 +22,13 @@ def run_bare_node(
     force: bool = False,
     on_event: EventHandler | None = None,
 ) -> NodeResult:
-    """Run ``node_id`` (its inputs must have completed); the report node also publishes its files."""
+    """Run ``node_id`` (its inputs must have completed) holding the workspace's lock; the report node
+    also publishes its files."""
     if layout not in LAYOUTS:
         raise FlowpostError(f"unknown layout {layout!r}; use {' or '.join(LAYOUTS)}", where="--layout")
-    run = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
-    result = run.execute(node_id, refresh=refresh, resume=resume, force=force, on_event=on_event)
-    if node_id == "report":
-        run.publish_report()
+    with workspace_lock(workspace, f"flowpost stage {node_id}"):
+        run = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
+        result = run.execute(node_id, refresh=refresh, resume=resume, force=force, on_event=on_event)
+        if node_id == "report":
+            run.publish_report()
     return result

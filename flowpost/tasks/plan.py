@@ -1,4 +1,4 @@
-"""What a run would do: which nodes are cached, which would run, and why they are stale."""
+"""What a run would do: which nodes are cached, which would run, and why they are stale or damaged."""
 
 from __future__ import annotations
 
@@ -17,16 +17,20 @@ MAX_CHANGES = 4  # config differences named per node; the rest are counted
 @dataclass(frozen=True)
 class PlannedNode:
     node: str
-    status: str  # "cached" | "run"
+    status: str  # "cached" | "run" | "damaged" (completed, but a file it hands on changed: a run rebuilds it)
     reason: str
 
 
 def plan_run(run: PipelineRun, *, refresh: bool = False) -> list[PlannedNode]:
-    """Each node of ``run`` in execution order, ``cached`` or ``run`` with the reason."""
+    """Each node of ``run`` in execution order, ``cached``, ``damaged`` or ``run`` with the reason."""
     planned: list[PlannedNode] = []
     for node_id in run.nodes:
         if run.is_complete(node_id) and not refresh:
-            planned.append(PlannedNode(node_id, "cached", f"result {run.fingerprints[node_id][:12]}"))
+            problem = run.damage(node_id)
+            if problem is None:
+                planned.append(PlannedNode(node_id, "cached", f"result {run.fingerprints[node_id][:12]}"))
+            else:
+                planned.append(PlannedNode(node_id, "damaged", f"{problem} since it completed; a run rebuilds it"))
         elif refresh:
             planned.append(PlannedNode(node_id, "run", "--refresh"))
         else:

@@ -3,7 +3,9 @@
 In the ``content`` layout (the Prefect runner's) ``WORKSPACE/<node-id>/<fingerprint[:12]>/`` holds
 a node's outputs; in the ``fixed`` layout (DVC's, whose cache does the addressing) the folder is
 fixed per node (``data/<dataset>``, ``stages/<stage>``, ...). ``_complete.json``, written last,
-records the fingerprint and marks the outputs usable. Without it the folder is an interrupted
+records the fingerprint and the sha256 of every file the node hands on, and marks the outputs
+usable; they are checked before each use (a damaged node reruns when it is asked for again, and a node
+that needs it refuses to start). Without it the folder is an interrupted
 attempt (``_attempt.json`` names its fingerprint): a training node of the same fingerprint resumes
 from its checkpoints there; anything else starts the folder over.
 
@@ -23,6 +25,7 @@ from typing import Any, Literal
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import ModelConfig, PipelineConfig
 from flowpost.core.io import read_json, sha256_json, write_bytes_atomic, write_json_atomic
+from flowpost.core.logging import get_logger
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.prompt_files import prompt_files_fingerprint
 from flowpost.errors import FlowpostError
@@ -39,6 +42,7 @@ from flowpost.tasks.graph import (
     fixed_folder,
     reads_promoted,
 )
+from flowpost.tasks.integrity import ATTEMPT, COMPLETE, completed_damage, output_hashes
 from flowpost.tasks.promote import (
     judged_against,
     promote_export,
@@ -50,8 +54,7 @@ from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
 from flowpost.tasks.weights import stage_weights
 
-COMPLETE = "_complete.json"
-ATTEMPT = "_attempt.json"
+log = get_logger(__name__)
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
@@ -107,6 +110,16 @@ class PipelineRun:
     def is_complete(self, node_id: str) -> bool:
         return _recorded_fingerprint(self.path(node_id) / COMPLETE) == self.fingerprints[node_id]
 
+    def damage(self, node_id: str) -> str | None:
+        """Why the completed ``node_id``'s outputs cannot be used (a file changed or missing), or None."""
+        return completed_damage(self.path(node_id))
+
+    def rebuild_command(self, node_id: str) -> str:
+        """The command that rebuilds ``node_id`` in this workspace's layout (same pipeline and ``--set``)."""
+        if self.layout == "fixed":
+            return f"`dvc repro --force --single-item {node_id}` (or `flowpost stage {node_id} --layout fixed --force`)"
+        return f"`flowpost run` (it reruns damaged nodes) or `flowpost stage {node_id}`"
+
     def execute(
         self,
         node_id: str,
@@ -125,14 +138,13 @@ class PipelineRun:
         out = self.path(node_id)
         fingerprint = self.fingerprints[node_id]
         if self.is_complete(node_id) and not (refresh or force):
-            done = read_json(out / COMPLETE, what="completion manifest")
-            return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
-        for dep in node.deps:  # in the fixed layout DVC restores outs without their manifests
-            if not (self.path(dep).is_dir() if self.layout == "fixed" else self.is_complete(dep)):
-                raise FlowpostError(
-                    f"node {node_id} needs {dep}, which has not completed; run it first",
-                    where=str(self.path(dep)),
-                )
+            problem = self.damage(node_id)
+            if problem is None:
+                done = read_json(out / COMPLETE, what="completion manifest")
+                return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
+            log.warning("%s is damaged (%s since it completed); running it again", out, problem)
+        for dep in node.deps:
+            self._check_input(node_id, dep)
         same_attempt = _recorded_fingerprint(out / ATTEMPT) == fingerprint
         if out.exists() and (node.kind is not NodeKind.TRAIN or refresh or not resume or not same_attempt):
             shutil.rmtree(out)
@@ -141,6 +153,7 @@ class PipelineRun:
         write_json_atomic(out / ATTEMPT, {"node": node_id, "fingerprint": fingerprint})
         started = time.monotonic()
         outputs = HANDLERS[node.kind](NodeCall(self, node, out, resume, on_event))
+        files = output_hashes(out, node.kind)
         seconds = time.monotonic() - started
         write_json_atomic(
             out / COMPLETE,
@@ -149,11 +162,27 @@ class PipelineRun:
                 "fingerprint": fingerprint,
                 "inputs": self.inputs[node_id],
                 "outputs": outputs,
+                "files": files,
                 "seconds": seconds,
                 "finished": time.time(),
             },
         )
         return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
+
+    def _check_input(self, node_id: str, dep: str) -> None:
+        """Refuse to run ``node_id`` while its input ``dep`` has not completed or is damaged."""
+        complete = self.is_complete(dep)
+        if not (self.path(dep).is_dir() if self.layout == "fixed" else complete):  # DVC restores outs bare
+            raise FlowpostError(
+                f"node {node_id} needs {dep}, which has not completed; run it first", where=str(self.path(dep))
+            )
+        problem = self.damage(dep) if complete else None
+        if problem is not None:
+            raise FlowpostError(
+                f"node {node_id} needs {dep}, which is damaged: {problem} since it completed; rebuild it with "
+                f"{self.rebuild_command(dep)}",
+                where=str(self.path(dep)),
+            )
 
     def publish_report(self) -> Path | None:
         """Copy the report node's ``metrics.json`` and ``report.md`` to the workspace root."""

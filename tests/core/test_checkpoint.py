@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import flowpost.core.checkpoint as checkpoint
+import flowpost.core.io as io
 from flowpost.core.checkpoint import (
     LATEST,
     MANIFEST,
@@ -253,8 +254,8 @@ def test_a_verified_checkpoint_is_not_hashed_again(tmp_path: Path, monkeypatch: 
     path = latest_checkpoint(tmp_path)
     assert path is not None
     hashed: list[str] = []
-    real = checkpoint.sha256_file
-    monkeypatch.setattr(checkpoint, "sha256_file", lambda p: hashed.append(str(p)) or real(p))
+    real = io.sha256_file
+    monkeypatch.setattr(io, "sha256_file", lambda p: hashed.append(str(p)) or real(p))
     assert load_checkpoint(path, verified=True).step == 2
     assert hashed == []
     assert load_checkpoint(path).step == 2

@@ -29,11 +29,10 @@ def _run_all(run: PipelineRun) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory: pytest.TempPathFactory, tiny_pipeline) -> Path:
-    workspace = tmp_path_factory.mktemp("workspace")
-    run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
-    assert list(run.nodes) == EXPECTED_NODES
-    assert set(_run_all(run).values()) == {"ran"}
+def workspace(completed_workspace: tuple[Path, dict[str, str]]) -> Path:
+    workspace, statuses = completed_workspace
+    assert list(statuses) == EXPECTED_NODES
+    assert set(statuses.values()) == {"ran"}
     return workspace
 
 
