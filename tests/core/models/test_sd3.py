@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_sd3_pipeline import CLIP_G, CLIP_L, CLIP_LENGTH, T5_LENGTH, T5_WIDTH
+from tiny_sd3_pipeline import CLIP_G, CLIP_L, CLIP_LENGTH, T5_LENGTH, T5_WIDTH, load_sd3_adapter
 
-from flowpost.core.models.registry import adapter_class, load_adapter
+from flowpost.core.models.registry import load_adapter
 from flowpost.core.models.sd3 import SD3Adapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.sampling.ode import sample_ode
@@ -21,9 +21,8 @@ PROMPTS = ["a red cat", "a blue dog on a car"]
 
 
 def _load(folder: Path, **options: Any) -> SD3Adapter:
-    adapter = adapter_class("sd3").from_pretrained(folder, **options)
+    adapter = load_sd3_adapter(folder, **options)
     assert isinstance(adapter, SD3Adapter)
-    adapter.encoder_max_length = T5_LENGTH
     return adapter
 
 
