@@ -138,8 +138,9 @@ def build_tiny_sd3_pipeline(folder: Path, *, seed: int = 0) -> Path:
 
 def load_sd3_adapter(folder: Path, **options: Any) -> Any:
     """The sd3 family loaded from ``folder`` through the registry, encoding at this pipeline's T5 length."""
+    from flowpost.core.models.pretrained import PretrainedSource
     from flowpost.core.models.registry import adapter_class
 
-    adapter = adapter_class("sd3").from_pretrained(folder, **options)
+    adapter = adapter_class("sd3").from_pipeline(PretrainedSource(str(folder), **options))
     adapter.encoder_max_length = T5_LENGTH
     return adapter

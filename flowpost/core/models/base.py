@@ -11,7 +11,9 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
+from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.sampling.schedules import inference_sigmas
+from flowpost.errors import FlowpostError
 
 ADAPTER_FILE = "flowpost_adapter.json"
 DEFAULT_ENCODER_MAX_LENGTH = 16
@@ -39,6 +41,11 @@ class ModelAdapter(ABC):
     @abstractmethod
     def from_pretrained(cls, path: str | Path) -> ModelAdapter:
         """Load what ``save_pretrained`` wrote."""
+
+    @classmethod
+    def from_pipeline(cls, source: PretrainedSource) -> ModelAdapter:
+        """Load a diffusers pipeline (folder or hub id); real families implement it."""
+        raise FlowpostError(f"family {cls.family!r} loads no diffusers pipeline; remove it", where="model.pretrained")
 
     @abstractmethod
     def save_pretrained(self, path: str | Path) -> None:

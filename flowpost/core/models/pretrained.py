@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from flowpost.core.io import sha256_file
 from flowpost.errors import FlowpostError
 
 
@@ -40,6 +42,18 @@ class PretrainedSource:
             raise FlowpostError(
                 f"cannot load its {name!r} component ({loader.__name__}): {error}", where=self.path
             ) from error
+
+    def fingerprint(self) -> str:
+        """Identifies the weights: every file of a local folder by name and SHA-256 (``model_index.json``
+        and the component configs included), or the hub id at its revision (a branch may move)."""
+        root = Path(self.path)
+        digest = hashlib.sha256()
+        if root.is_dir():
+            for file in sorted(p for p in root.rglob("*") if p.is_file()):
+                digest.update(f"{file.relative_to(root)}\0{sha256_file(file)}\n".encode())
+        else:
+            digest.update(f"hub\0{self.path}\0{self.revision or 'main'}".encode())
+        return digest.hexdigest()
 
     def to_dict(self) -> dict[str, str | None]:
         return asdict(self)

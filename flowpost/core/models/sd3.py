@@ -51,29 +51,29 @@ class SD3Adapter(SD3TransformerAdapter):
         raise FlowpostError("the sd3 family starts from pretrained weights: set model.pretrained", where="model")
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path: str | Path,
-        *,
-        revision: str | None = None,
-        variant: str | None = None,
-        torch_dtype: str | None = None,
-    ) -> SD3Adapter:
-        """A diffusers SD3 pipeline (folder or hub id), or a folder ``save_pretrained`` wrote."""
+    def from_pipeline(cls, source: PretrainedSource) -> SD3Adapter:
+        """The transformer and scheduler of a diffusers SD3 pipeline (folder or hub id)."""
         from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
-        saved = Path(path) / ADAPTER_FILE
-        if saved.is_file():
-            meta = read_json(saved, what="model adapter manifest")
-            source = PretrainedSource(**meta["pretrained"])
-            own = PretrainedSource(str(path), torch_dtype=source.torch_dtype)
-            options = {"encoder_max_length": int(meta["encoder_max_length"])}
-        else:
-            source = own = PretrainedSource(str(path), revision, variant, torch_dtype)
-            options = {}
-        transformer = own.load("transformer", SD3Transformer2DModel)
-        scheduler = own.load("scheduler", FlowMatchEulerDiscreteScheduler, weights=False)
-        return cls(transformer, scheduler, source, **options)
+        transformer = source.load("transformer", SD3Transformer2DModel)
+        return cls(transformer, source.load("scheduler", FlowMatchEulerDiscreteScheduler, weights=False), source)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> SD3Adapter:
+        """A folder ``save_pretrained`` wrote (its manifest names the source pipeline), or a pipeline folder."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+
+        if not (Path(path) / ADAPTER_FILE).is_file():
+            return cls.from_pipeline(PretrainedSource(str(path)))
+        meta = read_json(Path(path) / ADAPTER_FILE, what="model adapter manifest")
+        source = PretrainedSource(**meta["pretrained"])
+        own = PretrainedSource(str(path), torch_dtype=source.torch_dtype)
+        return cls(
+            own.load("transformer", SD3Transformer2DModel),
+            own.load("scheduler", FlowMatchEulerDiscreteScheduler, weights=False),
+            source,
+            encoder_max_length=int(meta["encoder_max_length"]),
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """The transformer (LoRA merged) and scheduler as diffusers folders; the manifest names the source pipeline."""
