@@ -48,7 +48,7 @@ class SD3Adapter(SD3TransformerAdapter):
 
     @classmethod
     def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict | None = None) -> SD3Adapter:
-        raise FlowpostError("the sd3 family starts from pretrained weights: set model.pretrained", where="model")
+        raise FlowpostError("the sd3 family starts from pretrained weights: set it", where="model.pretrained")
 
     @classmethod
     def from_pipeline(cls, source: PretrainedSource) -> SD3Adapter:
