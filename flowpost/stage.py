@@ -25,6 +25,7 @@ from flowpost.core.distributed import leave_process_group
 from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
+from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
 from flowpost.core.progress import TrainingProgress
@@ -74,16 +75,22 @@ def build_validation(config: CallbacksConfig, spec: StageSpec, inputs: StageInpu
 
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
-    """A fresh model (seeded) or the stage named by ``model.init``, with LoRA and mixed precision when configured.
+    """A fresh model (seeded), the ``model.pretrained`` pipeline or the stage named by ``model.init``,
+    with LoRA and mixed precision when configured.
 
     The encoder length of the stage's condition cache (``spec.extra["encoder"]``) is recorded on
     the adapter, so the saved model encodes new prompts the way it was trained.
     """
+    model = stage.model
     if spec.init_from is not None:
         adapter = load_adapter(spec.init_from)
     else:
-        cls = adapter_class(stage.model.family, where=f"stages.{spec.stage}.model.family")
-        adapter = cls.from_scratch(seed=spec.seed, shift=stage.model.shift, overrides=stage.model.transformer)
+        cls = adapter_class(model.family, where=f"stages.{spec.stage}.model.family")
+        if model.pretrained is not None:
+            source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype)
+            adapter = cls.from_pipeline(source)
+        else:
+            adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
     encoder = spec.extra.get("encoder") or {}
     if encoder.get("max_length") is not None:
         adapter.encoder_max_length = int(encoder["max_length"])

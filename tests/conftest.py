@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,6 +55,14 @@ def tiny_pipeline_dict(**train: Any) -> dict[str, Any]:
 def tiny_pipeline():  # noqa: ANN201
     """Factory of tiny pipeline mappings; keyword arguments override ``stages.sft.train``."""
     return tiny_pipeline_dict
+
+
+@pytest.fixture(scope="session")
+def sd3_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random SD3 diffusers pipeline folder (``tests/tiny_sd3_pipeline.py``)."""
+    from tiny_sd3_pipeline import build_tiny_sd3_pipeline
+
+    return build_tiny_sd3_pipeline(tmp_path_factory.mktemp("sd3") / "pipeline")
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import ModelConfig, PipelineConfig
 from flowpost.core.io import read_json, sha256_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
+from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.prompt_files import prompt_files_fingerprint
 from flowpost.errors import FlowpostError
@@ -56,6 +57,7 @@ from flowpost.tasks.weights import stage_weights
 
 log = get_logger(__name__)
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
+PRETRAINED = "pretrained weights"  # a source: the files of a stage's model.pretrained folder
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
 LAYOUTS: tuple[Layout, ...] = ("content", "fixed")
@@ -85,9 +87,12 @@ class PipelineRun:
 
     def _sources(self, node: Node, deps: dict[str, str]) -> dict[str, str]:
         """State outside the config a node's result depends on: the contents of prompt files, the
-        versions its remote reward servers report, and the promoted export (the one the gate
-        compares with, or the one an ``init: previous`` stage starts from)."""
+        versions its remote reward servers report, a stage's pretrained weights, and the promoted
+        export (the one the gate compares with, or the one an ``init: previous`` stage starts from)."""
         found = served_reward_versions(self.pipeline, node.key) if node.kind is NodeKind.TRAIN else {}
+        model = node.config["model"] if node.kind is NodeKind.TRAIN else {}
+        if model.get("pretrained") is not None:
+            found[PRETRAINED] = PretrainedSource(model["pretrained"], revision=model.get("revision")).fingerprint()
         dataset = self.pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
         if dataset is not None and dataset.path is not None:
             found[PROMPT_FILES] = prompt_files_fingerprint(dataset.path, where=f"datasets.{node.key}.path")

@@ -62,6 +62,9 @@ class LoraConfig(StrictModel):
     targets: list[str] | None = Field(None, description="module names; default: the family's attention")
 
 
+PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype")
+
+
 class ModelConfig(StrictModel):
     """The model a stage trains: a registered family, initialised from scratch, a stage or the promoted export."""
 
@@ -78,6 +81,12 @@ class ModelConfig(StrictModel):
     shift: float = Field(1.0, gt=0, description="flow-matching sigma shift")
     transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
     lora: LoraConfig | None = None
+    pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
+    revision: str | None = Field(None, description="with pretrained: the hub revision")
+    variant: str | None = Field(None, description="with pretrained: the weights variant, e.g. 'fp16'")
+    torch_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="with pretrained: the dtype the weights load in"
+    )
 
     @model_validator(mode="after")
     def _fallback_needs_previous(self) -> ModelConfig:
@@ -85,12 +94,23 @@ class ModelConfig(StrictModel):
             raise ValueError("fallback applies only to init: previous; remove it or set init: previous")
         return self
 
+    @model_validator(mode="after")
+    def _options_need_pretrained(self) -> ModelConfig:
+        unused = [name for name in PRETRAINED_OPTIONS if getattr(self, name) is not None]
+        if self.pretrained is None and unused:
+            raise ValueError(f"{', '.join(unused)} apply only with pretrained; set pretrained or remove them")
+        return self
+
     @model_serializer(mode="wrap")
     def _omit_unused_fallback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``fallback`` only with ``init: previous``, so other stages keep their params and fingerprints."""
+        """``fallback`` only with ``init: previous``, the pretrained options only when set, so other
+        stages keep their params and fingerprints."""
         data = handler(self)
         if self.init != "previous":
             data.pop("fallback", None)
+        for name in ("pretrained", *PRETRAINED_OPTIONS):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
 

@@ -11,6 +11,9 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
+from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.sampling.schedules import inference_sigmas
+from flowpost.errors import FlowpostError
 
 ADAPTER_FILE = "flowpost_adapter.json"
 DEFAULT_ENCODER_MAX_LENGTH = 16
@@ -27,6 +30,7 @@ class ModelAdapter(ABC):
     encoder_name: str
     encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH
     compute_dtype: torch.dtype | None = None  # autocast dtype of the network (mixed precision); None: none
+    shift: float = 1.0  # the constant sigma shift of training and (by default) inference sigmas
 
     @classmethod
     @abstractmethod
@@ -38,6 +42,11 @@ class ModelAdapter(ABC):
     def from_pretrained(cls, path: str | Path) -> ModelAdapter:
         """Load what ``save_pretrained`` wrote."""
 
+    @classmethod
+    def from_pipeline(cls, source: PretrainedSource) -> ModelAdapter:
+        """Load a diffusers pipeline (folder or hub id); real families implement it."""
+        raise FlowpostError(f"family {cls.family!r} loads no diffusers pipeline; remove it", where="model.pretrained")
+
     @abstractmethod
     def save_pretrained(self, path: str | Path) -> None:
         """Write the trainable network as a diffusers folder plus an adapter manifest."""
@@ -45,6 +54,14 @@ class ModelAdapter(ABC):
     @abstractmethod
     def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
         """Freeze the network and train LoRA adapters instead (PEFT); exports merge them."""
+
+    def inference_sigmas(self, steps: int) -> Tensor:
+        """The ``steps + 1`` sigmas rollouts, evaluation and sampling integrate over (fp32, CPU, ending at 0).
+
+        By default flowpost's equal-step grid with this model's shift; a family with a diffusers scheduler
+        returns that scheduler's, so sampling reproduces the stock pipeline.
+        """
+        return inference_sigmas(steps, shift=self.shift)
 
     @abstractmethod
     def describe(self) -> dict:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from flowpost.core.conditions import ConditionBatch, ConditionState
-from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.models.base import ADAPTER_FILE, DEFAULT_ENCODER_MAX_LENGTH, ModelAdapter
-from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, has_lora, merged_copy
-from flowpost.core.roles import Snapshots
+from flowpost.core.conditions import ConditionBatch
+from flowpost.core.io import read_json
+from flowpost.core.models.base import ADAPTER_FILE, DEFAULT_ENCODER_MAX_LENGTH
+from flowpost.core.models.sd3_transformer import SD3State, SD3TransformerAdapter
 from flowpost.core.seeding import seeded
 
 TRANSFORMER_DEFAULTS: dict[str, Any] = {
@@ -33,32 +29,14 @@ TRANSFORMER_DEFAULTS: dict[str, Any] = {
 }
 
 
-@dataclass
-class TinySD3State(ConditionState):
-    """Token states and pooled vector as the SD3 transformer consumes them."""
-
-    encoder_hidden_states: Tensor
-    pooled_projections: Tensor
-
-    def __len__(self) -> int:
-        return int(self.encoder_hidden_states.shape[0])
-
-    def index(self, rows: Tensor | list[int]) -> Self:
-        rows_t = torch.as_tensor(rows, dtype=torch.long)
-        return type(self)(self.encoder_hidden_states[rows_t], self.pooled_projections[rows_t])
-
-    @classmethod
-    def cat(cls, states: Sequence[Self]) -> Self:
-        return cls(
-            torch.cat([s.encoder_hidden_states for s in states]),
-            torch.cat([s.pooled_projections for s in states]),
-        )
+TinySD3State = SD3State  # the tiny family feeds the SD3 transformer as the sd3 family does
 
 
-class TinySD3Adapter(ModelAdapter):
+class TinySD3Adapter(SD3TransformerAdapter):
     """``SD3Transformer2DModel`` on pixels in [-1, 1], conditioned by MiniLM embeddings."""
 
     family: ClassVar[str] = "tiny-sd3"
+    output_codec: ClassVar[str] = "identity (pixels in [-1, 1])"
 
     def __init__(
         self,
@@ -68,12 +46,10 @@ class TinySD3Adapter(ModelAdapter):
         encoder: str = "minilm",
         encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH,
     ) -> None:
-        self.transformer = transformer
+        super().__init__(transformer)
         self.shift = shift
         self.encoder_name = encoder
         self.encoder_max_length = encoder_max_length
-        self.snapshots = Snapshots()
-        self.lora: dict[str, Any] | None = None
 
     @classmethod
     def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict[str, Any] | None = None) -> TinySD3Adapter:
@@ -98,40 +74,6 @@ class TinySD3Adapter(ModelAdapter):
             encoder_max_length=int(meta.get("encoder_max_length", DEFAULT_ENCODER_MAX_LENGTH)),
         )
 
-    def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
-        add_lora(self.transformer, rank=rank, alpha=alpha, targets=targets or SD3_ATTENTION_TARGETS)
-        self.lora = {"rank": rank, "alpha": alpha, "targets": list(targets or SD3_ATTENTION_TARGETS)}
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """LoRA, when present, is merged: the folder is a plain diffusers transformer."""
-        path = Path(path)
-        network = merged_copy(self.transformer) if has_lora(self.transformer) else self.transformer
-        network.save_pretrained(path / "transformer", safe_serialization=True)
-        write_json_atomic(path / ADAPTER_FILE, self.describe())
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "encoder": self.encoder_name,
-            "encoder_max_length": self.encoder_max_length,
-            "output_codec": "identity (pixels in [-1, 1])",
-            "schedule": {
-                "kind": "flow-matching",
-                "shift": self.shift,
-                "prediction": "velocity (noise - x0)",
-            },
-            "latent_shape": list(self.latent_shape),
-            "trained_with_lora": self.lora,
-        }
-
-    @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        config = self.transformer.config
-        return (config.in_channels, config.sample_size, config.sample_size)
-
-    def module(self) -> torch.nn.Module:
-        return self.transformer
-
     def prepare_condition_state(self, batch: ConditionBatch) -> TinySD3State:
         mask = batch.token_mask.to(batch.token_states.dtype).unsqueeze(-1)
         return TinySD3State(batch.token_states * mask, batch.pooled)
@@ -141,19 +83,3 @@ class TinySD3Adapter(ModelAdapter):
 
     def decode(self, latents: Tensor) -> Tensor:
         return ((latents.float() + 1.0) / 2.0).clamp(0.0, 1.0)
-
-    def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
-        assert isinstance(state, TinySD3State)
-        sigma = torch.as_tensor(sigma, dtype=latents.dtype, device=latents.device).expand(latents.shape[0])
-        return self.transformer(
-            hidden_states=latents,
-            encoder_hidden_states=state.encoder_hidden_states.to(latents.dtype),
-            pooled_projections=state.pooled_projections.to(latents.dtype),
-            timestep=sigma * 1000.0,
-            return_dict=False,
-        )[0]
-
-    @contextlib.contextmanager
-    def use_snapshot(self, name: str) -> Iterator[TinySD3Adapter]:
-        with self.snapshots.swapped_in(name, self.transformer):
-            yield self

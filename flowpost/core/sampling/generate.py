@@ -15,7 +15,6 @@ from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.ode import sample_ode
-from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.errors import FlowpostError
 
 
@@ -55,7 +54,7 @@ def generate_images(
     if negative is not None and len(negative) not in (1, len(indices)):
         raise ValueError(f"negative conditions need 1 or {len(indices)} rows, got {len(negative)}")
     device = torch.device(device) if device is not None else model_device(adapter)
-    sigmas = inference_sigmas(steps, shift=adapter.shift)
+    sigmas = adapter.inference_sigmas(steps)
     chunk = batch_size or max(1, len(indices))
     model = adapter.module()
     was_training = model.training

@@ -12,7 +12,6 @@ from flowpost.core.advantages import advantage_metrics, group_advantages
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.rewards.combine import RewardOutput
-from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 
@@ -89,7 +88,7 @@ class RolloutEngine:
         step_noise = {
             j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device) for j in window
         }
-        sigmas = inference_sigmas(sampling.steps, shift=self.adapter.shift)
+        sigmas = self.adapter.inference_sigmas(sampling.steps)
         batch = conditions.lookup(prompts).to(device)
         null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
         local = args.rollout_batch_size // self.accelerator.num_processes

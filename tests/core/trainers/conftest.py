@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from tiny_sd3_pipeline import load_sd3_adapter
 
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig
 from flowpost.core.io import write_json_atomic
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.base import BaseTrainer
@@ -36,15 +39,16 @@ def _fake_encode(prompts: list[str]) -> ConditionBatch:
     return ConditionBatch(states, torch.ones(len(prompts), 16, dtype=torch.int8), states.mean(1))
 
 
-@pytest.fixture(scope="session")
-def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("sft-data")
+def write_stage_data(
+    root: Path, *, image_shape: tuple[int, ...], encode: Callable[[list[str]], ConditionBatch]
+) -> tuple[Path, Path]:
+    """``RECORDS`` random demonstrations of ``image_shape`` in shards and their prompts' condition cache."""
     rng = np.random.default_rng(0)
     records = [
         Demonstration(
             key=f"r{i}",
             prompt=f"digit {i % 10}",
-            image=rng.random((1, 16, 16), dtype=np.float32),
+            image=rng.random(image_shape, dtype=np.float32),
             label=i % 10,
         )
         for i in range(RECORDS)
@@ -52,8 +56,20 @@ def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     manifest = write_shards(records, root / "data" / "train", shard_size=7)
     write_json_atomic(root / "data" / "train" / "manifest.json", manifest)
     prompts = ["", *sorted({r.prompt for r in records})]
-    update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=_fake_encode)
+    update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=encode)
     return root / "data", root / "conditions"
+
+
+@pytest.fixture(scope="session")
+def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_stage_data(tmp_path_factory.mktemp("sft-data"), image_shape=(1, 16, 16), encode=_fake_encode)
+
+
+@pytest.fixture(scope="session")
+def sd3_data_dirs(tmp_path_factory: pytest.TempPathFactory, sd3_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The demonstrations as 16x16 RGB images, their prompts encoded by the sd3 adapter."""
+    encode = load_sd3_adapter(sd3_pipeline_dir).encode_conditions
+    return write_stage_data(tmp_path_factory.mktemp("sd3-data"), image_shape=(3, 16, 16), encode=encode)
 
 
 def _registered_name(cls: type) -> str:
@@ -65,6 +81,8 @@ def _registered_name(cls: type) -> str:
 @pytest.fixture
 def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, listeners={}, lora_rank=None, **train_args)``.
+
+    ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data.
 
     ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name.
 
@@ -82,9 +100,11 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         lora_rank: int | None = None,
         sampling: dict[str, Any] | None = None,
         rewards: list[dict[str, Any]] | None = None,
+        adapter: ModelAdapter | None = None,
+        dirs: tuple[Path, Path] | None = None,
         **args: Any,
     ) -> BaseTrainer:
-        dataset_dir, conditions_dir = data_dirs
+        dataset_dir, conditions_dir = dirs or data_dirs
         spec = StageSpec(
             stage="sft",
             seed=0,
@@ -101,7 +121,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         inputs = load_stage_inputs(spec)
         callback_config = CallbacksConfig.model_validate(callbacks or {})
         built_rewards = build_rewards([RewardConfig.model_validate(r) for r in rewards or []], spec, inputs)
-        adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
+        adapter = adapter or TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
         if lora_rank is not None:
             adapter.add_lora(rank=lora_rank, alpha=float(lora_rank))
         return cls(

@@ -11,7 +11,6 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionState
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_rand, addressed_randn
-from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import matching_error, noised, velocity_mse
@@ -93,7 +92,7 @@ class AWMTrainer(GenerationTrainer):
                 f"[1, int({steps} * {args.timestep_fraction})); lower it or raise sampling.steps",
                 where=f"stages.{self.stage}.train.train_timesteps",
             )
-        self.sigma_table = inference_sigmas(steps, shift=self.adapter.shift)
+        self.sigma_table = self.adapter.inference_sigmas(steps)
         self.old_log_probs: dict[int, Tensor] = {}
         if args.kl_beta > 0:
             self.adapter.snapshots.capture(REFERENCE, self.adapter.module())

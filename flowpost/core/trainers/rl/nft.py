@@ -18,7 +18,6 @@ from torch import Tensor
 
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_generator, addressed_randn
-from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import noised, velocity_mse
@@ -127,7 +126,7 @@ class NFTTrainer(GenerationTrainer):
 
     def trained_sigmas(self, batch: Rollout) -> Tensor:
         """[B, n] sigmas of the trained steps: a per-sample permutation of the sampling sigmas, cut to n."""
-        sigmas = inference_sigmas(self.sampling.steps, shift=self.adapter.shift)[:-1]
+        sigmas = self.adapter.inference_sigmas(self.sampling.steps)[:-1]
         count = max(int(len(sigmas) * self.args.timestep_fraction), 1)
         iteration = self.progress.rollout_iteration
         rows = []

@@ -1,0 +1,66 @@
+"""``model.pretrained``: the schema, the adapter a stage builds, and the weights' part in its fingerprint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.models.sd3 import SD3Adapter
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.errors import FlowpostError
+from flowpost.stage import build_adapter
+from flowpost.tasks.runner import PRETRAINED, PipelineRun
+
+
+def _with_model(tiny_pipeline, model: dict[str, Any]) -> dict[str, Any]:
+    config = tiny_pipeline()
+    config["stages"]["sft"]["model"] = model
+    return config
+
+
+def _train_inputs(config: dict[str, Any], workspace: Path) -> dict[str, Any]:
+    return PipelineRun(validate_pipeline(config), workspace).inputs["train.sft"]
+
+
+def test_without_pretrained_the_stage_config_and_sources_are_as_before(tiny_pipeline, tmp_path: Path) -> None:
+    inputs = _train_inputs(tiny_pipeline(), tmp_path)
+    assert set(inputs["config"]["model"]) == {"family", "init", "init_weights", "shift", "transformer", "lora"}
+    assert "sources" not in inputs
+
+
+def test_the_pipeline_folders_files_enter_the_train_fingerprint(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
+    folder = tmp_path / "weights"
+    shutil.copytree(sd3_pipeline_dir, folder)
+    config = _with_model(tiny_pipeline, {"family": "sd3", "pretrained": str(folder), "torch_dtype": "float32"})
+    first = _train_inputs(config, tmp_path / "ws")
+    assert first["config"]["model"]["pretrained"] == str(folder) and PRETRAINED in first["sources"]
+    assert _train_inputs(config, tmp_path / "ws") == first
+    scheduler = folder / "scheduler" / "scheduler_config.json"
+    scheduler.write_text(json.dumps({**json.loads(scheduler.read_text()), "shift": 2.0}))
+    assert _train_inputs(config, tmp_path / "ws")["sources"][PRETRAINED] != first["sources"][PRETRAINED]
+
+
+def test_pretrained_options_without_pretrained_are_rejected(tiny_pipeline) -> None:
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.model.*revision"):
+        validate_pipeline(_with_model(tiny_pipeline, {"family": "sd3", "revision": "main"}))
+
+
+def _build(config: dict[str, Any], tmp_path: Path) -> Any:
+    stage = validate_pipeline(config).stages["sft"]
+    return build_adapter(stage, StageSpec(stage="sft", seed=0, config={}, output_dir=str(tmp_path)))
+
+
+def test_a_stage_builds_the_sd3_adapter_from_its_pipeline(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
+    model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "lora": {"rank": 2}}
+    adapter = _build(_with_model(tiny_pipeline, model), tmp_path)
+    assert isinstance(adapter, SD3Adapter) and adapter.lora is not None and adapter.shift == 3.0
+
+
+def test_a_family_without_pipelines_rejects_pretrained(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
+    with pytest.raises(FlowpostError, match="model.pretrained"):
+        _build(_with_model(tiny_pipeline, {"family": "tiny-sd3", "pretrained": str(sd3_pipeline_dir)}), tmp_path)
