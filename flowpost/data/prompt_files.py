@@ -9,11 +9,10 @@ subfolders included; a prompt seen twice must carry the same metadata both times
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from flowpost.core.io import sha256_file
 from flowpost.core.rewards.labels import digit_label
+from flowpost.data.file_hashes import files_fingerprint
 from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
 from flowpost.data.records import PromptRecord
 from flowpost.errors import FlowpostError
@@ -43,12 +42,7 @@ def prompt_files(path: str | Path, *, where: str) -> list[Path]:
 
 def prompt_files_fingerprint(path: str | Path, *, where: str) -> str:
     """Hash of the files' names (relative to ``path``) and contents: changes when a prompt does."""
-    root = Path(path)
-    digest = hashlib.sha256()
-    for file in prompt_files(root, where=where):
-        name = file.name if root.is_file() else str(file.relative_to(root))
-        digest.update(f"{name}\0{sha256_file(file)}\n".encode())
-    return digest.hexdigest()
+    return files_fingerprint(Path(path), prompt_files(path, where=where))
 
 
 def read_prompt_files(path: str | Path, *, where: str) -> list[PromptRecord]:

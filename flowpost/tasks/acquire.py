@@ -1,4 +1,4 @@
-"""Node ``acquire.<dataset>``: digits shards, manifest and evaluator classifiers, or a prompt set."""
+"""Node ``acquire.<dataset>``: digits shards, manifest and evaluator classifiers, a prompt set, or captioned images."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from flowpost.core.config.schema import DatasetConfig
+from flowpost.core.config.schema import IMAGE_SOURCES, DatasetConfig
 from flowpost.core.evaluation.classifier import (
     JUDGE_CLASSIFIER,
     REWARD_CLASSIFIER,
@@ -18,6 +18,7 @@ from flowpost.core.evaluation.classifier import (
 )
 from flowpost.core.io import sha256_file, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
+from flowpost.data.captioned import captioned_split, source_fingerprint
 from flowpost.data.digits import (
     EVAL_TEMPLATES,
     TRAIN_TEMPLATES,
@@ -39,6 +40,8 @@ def acquire_dataset(
     """Acquire one dataset into ``out_dir`` and return its manifest (also written as ``manifest.json``)."""
     if config.source == "prompt-files":
         return acquire_prompt_files(config, out_dir, where=where)
+    if config.source in IMAGE_SOURCES:
+        return acquire_images(config, out_dir, where=where)
     return acquire_digits(config, out_dir, smoke=smoke)
 
 
@@ -59,6 +62,31 @@ def acquire_prompt_files(config: DatasetConfig, out_dir: Path, *, where: str) ->
     }
     write_json_atomic(out_dir / "manifest.json", manifest)
     log.info("acquired %d prompts from %s", len(records), config.path)
+    return manifest
+
+
+def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str) -> dict[str, Any]:
+    """Write ``train/`` (and ``eval/``, the held-out split) shards of the good items and ``manifest.json``,
+    which counts the bad ones per kind."""
+    split = captioned_split(config, where=where)
+    shards = {name: write_shards(records, out_dir / name) for name, records in split.splits().items() if records}
+    for name, manifest in shards.items():
+        write_json_atomic(out_dir / name / "manifest.json", manifest)
+    held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
+    manifest = {
+        "source": config.source,
+        "path": str(config.path),
+        "files_fingerprint": source_fingerprint(config, where=where),
+        "preprocess": config.preprocess.model_dump(mode="json"),
+        "counts": {"train": len(split.train), "eval": len(split.eval), "bad": split.bad.total},
+        "bad_items": split.bad.manifest(),
+        "shards": {name: m["shards"] for name, m in shards.items()},
+        "train_prompts": shards["train"]["prompts"],
+        "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in set(shards["train"]["prompts"])],
+        "classifiers": {},
+    }
+    write_json_atomic(out_dir / "manifest.json", manifest)
+    log.info("acquired %s: %s", config.path, manifest["counts"])
     return manifest
 
 

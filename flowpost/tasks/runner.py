@@ -28,6 +28,7 @@ from flowpost.core.io import read_json, sha256_json, write_bytes_atomic, write_j
 from flowpost.core.logging import get_logger
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.trainers.spec import StageSpec
+from flowpost.data.captioned import source_fingerprint
 from flowpost.data.prompt_files import prompt_files_fingerprint
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
@@ -57,6 +58,7 @@ from flowpost.tasks.weights import stage_weights
 
 log = get_logger(__name__)
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
+SOURCE_FILES = "source files"  # a source: the images, captions and tables an image dataset reads
 PRETRAINED = "pretrained weights"  # a source: the files of a stage's model.pretrained folder
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
@@ -86,7 +88,7 @@ class PipelineRun:
         self.fingerprints = {node: sha256_json(inputs) for node, inputs in self.inputs.items()}
 
     def _sources(self, node: Node, deps: dict[str, str]) -> dict[str, str]:
-        """State outside the config a node's result depends on: the contents of prompt files, the
+        """State outside the config a node's result depends on: the files a dataset reads, the
         versions its remote reward servers report, a stage's pretrained weights, and the promoted
         export (the one the gate compares with, or the one an ``init: previous`` stage starts from)."""
         found = served_reward_versions(self.pipeline, node.key) if node.kind is NodeKind.TRAIN else {}
@@ -94,8 +96,10 @@ class PipelineRun:
         if model.get("pretrained") is not None:
             found[PRETRAINED] = PretrainedSource(model["pretrained"], revision=model.get("revision")).fingerprint()
         dataset = self.pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
-        if dataset is not None and dataset.path is not None:
+        if dataset is not None and dataset.source == "prompt-files":
             found[PROMPT_FILES] = prompt_files_fingerprint(dataset.path, where=f"datasets.{node.key}.path")
+        elif dataset is not None and dataset.path is not None:
+            found[SOURCE_FILES] = source_fingerprint(dataset, where=f"datasets.{node.key}")
         if node.kind is NodeKind.PROMOTE:
             found[PROMOTED] = judged_against(self.promoted, deps["export"])
         elif reads_promoted(node):

@@ -26,24 +26,70 @@ INIT_KEYWORDS = ("scratch", "previous")  # model.init values that are not stage 
 EVAL_METRICS = ("adherence", "reward_mean", "fd")  # what an evaluation's metrics.json can be compared on
 
 
-class DatasetConfig(StrictModel):
-    """How to acquire one dataset: the built-in digits, or prompts from files (``path``)."""
+IMAGE_SOURCES = ("image-folder", "table")  # captioned images the user brings
+IMAGE_ONLY = ("caption_column", "image_column", "preprocess", "split", "max_caption_chars", "max_bad_fraction")
+DIGITS_ONLY = ("image_size", "test_fraction")
 
-    source: Literal["builtin-digits", "prompt-files"]
+
+class PreprocessConfig(StrictModel):
+    """How acquisition turns a source image into a training image (part of the fingerprint)."""
+
+    resolution: int = Field(16, ge=8, le=4096, multiple_of=4, description="square side in pixels")
+    crop: Literal["center", "random"] = Field(
+        "center", description="after resizing the short side: random crops are addressed by seed and item"
+    )
+    mode: Literal["grayscale", "rgb"] = Field("rgb", description="the model's channels: 1 (grayscale) or 3 (rgb)")
+    seed: int = Field(0, description="with crop: random, the seed the per-item crop offsets derive from")
+
+
+class SplitConfig(StrictModel):
+    """A held-out share of the items, chosen by the hash of each item's name."""
+
+    eval: float = Field(0.0, ge=0, lt=1, description="fraction of the items held out for evaluation")
+
+
+class DatasetConfig(StrictModel):
+    """How to acquire one dataset: the built-in digits, prompts from files, or captioned images (``path``)."""
+
+    source: Literal["builtin-digits", "prompt-files", "image-folder", "table"]
     path: str | None = Field(
         None,
-        description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them, relative to the "
-        "working directory; its contents are a source fingerprint",
+        description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them; image-folder: a folder "
+        "of images; table: a .parquet/.csv/.jsonl file. Relative to the working directory; its contents are a "
+        "source fingerprint",
     )
     image_size: int = Field(16, ge=8, le=64, multiple_of=4)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = 0
+    caption_column: str | None = Field(None, description="image sources: the caption field; default text, then caption")
+    image_column: str = Field("image", description="table: the field holding image bytes or a path relative to it")
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    max_caption_chars: int | None = Field(None, ge=1, description="longer captions are bad items; default: no limit")
+    max_bad_fraction: float = Field(0.05, ge=0, le=1, description="more bad items than this fails the node")
 
     @model_validator(mode="after")
-    def _path_for_files(self) -> DatasetConfig:
-        if (self.source == "prompt-files") != (self.path is not None):
-            raise ValueError("'path' is required for source 'prompt-files' and only for it")
+    def _fields_for_source(self) -> DatasetConfig:
+        if (self.source == "builtin-digits") == (self.path is not None):
+            raise ValueError("'path' is required for sources prompt-files, image-folder and table, and only for them")
+        images = self.source in IMAGE_SOURCES
+        unused = [n for n in (DIGITS_ONLY if images else IMAGE_ONLY) if n in self.model_fields_set]
+        if "image_column" in self.model_fields_set and self.source != "table":
+            unused.append("image_column")
+        if unused:
+            hint = "use preprocess.resolution and split.eval" if images else "they apply to image-folder and table"
+            raise ValueError(f"{', '.join(unused)} do not apply to source {self.source!r}; {hint}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Each source's own fields only, so the digits and prompt-files keep their params and fingerprints."""
+        data = handler(self)
+        for name in DIGITS_ONLY if self.source in IMAGE_SOURCES else IMAGE_ONLY:
+            data.pop(name, None)
+        if self.source != "table":
+            data.pop("image_column", None)
+        return data
 
 
 class ConditionsConfig(StrictModel):
@@ -296,7 +342,7 @@ class PipelineConfig(StrictModel):
             self.evaluate.conditions = next(iter(self.conditions))
         if self.evaluate.dataset not in self.datasets:
             errors.append(("evaluate.dataset", _unknown("dataset", self.evaluate.dataset, self.datasets)))
-        elif self.evaluate.after and self.datasets[self.evaluate.dataset].source == "prompt-files":
+        elif self.evaluate.after and self.datasets[self.evaluate.dataset].source != "builtin-digits":
             errors.append(("evaluate.dataset", "evaluation needs held-out images and judges; name a digits dataset"))
         if self.evaluate.after and self.evaluate.conditions not in self.conditions:
             errors.append(

@@ -1,0 +1,70 @@
+"""Source ``image-folder``: images under a folder, captioned by a metadata table or a sidecar ``.txt``.
+
+The Hugging Face imagefolder layout: a ``metadata.jsonl`` / ``metadata.csv`` / ``metadata.parquet``
+in any folder names images by ``file_name`` (relative to that folder) and holds a caption column;
+its other columns become the items' metadata. An image no metadata row names is captioned by the
+``.txt`` beside it with the same stem. Subfolders are read; hidden files and folders are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from flowpost.data.file_hashes import files_fingerprint
+from flowpost.data.prompt_rows import read_prompt_rows
+from flowpost.data.sources.items import SourceItem, caption_field, json_metadata
+from flowpost.errors import FlowpostError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+
+
+def folder_files(root: Path, *, where: str) -> list[Path]:
+    """Every file under ``root`` outside hidden folders, in a stable order."""
+    if not root.is_dir():
+        raise FlowpostError(f"image folder {str(root)!r} does not exist; create it or fix the path", where=where)
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )
+
+
+def folder_fingerprint(root: Path, *, where: str) -> str:
+    """Changes when any file in the folder (image, caption or metadata) does."""
+    return files_fingerprint(root, folder_files(root, where=where))
+
+
+def folder_items(root: Path, *, caption_column: str | None, where: str) -> Iterator[SourceItem]:
+    """The folder's images, metadata-named ones included even when their file is missing, by path."""
+    files = folder_files(root, where=where)
+    rows = _metadata_rows(root, files)
+    images = {p for p in files if p.suffix.lower() in IMAGE_SUFFIXES} | set(rows)
+    if not images:
+        raise FlowpostError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}", where=where)
+    for image in sorted(images):
+        name = image.relative_to(root).as_posix()
+        if image in rows:
+            column, caption = caption_field(rows[image], caption_column)
+            extra = {k: v for k, v in rows[image].items() if k not in ("file_name", column)}
+        else:
+            sidecar = image.with_suffix(".txt")
+            caption, extra = (sidecar.read_bytes() if sidecar.is_file() else None), {}
+        yield SourceItem(name, str(image), image, caption, json_metadata({"file_name": name, **extra}))
+
+
+def _metadata_rows(root: Path, files: list[Path]) -> dict[Path, dict[str, Any]]:
+    """Image path -> its metadata row, from every metadata file under ``root``."""
+    rows: dict[Path, dict[str, Any]] = {}
+    for table in (p for p in files if p.name in METADATA_NAMES):
+        for row in read_prompt_rows(table):
+            file_name = row.fields.get("file_name")
+            if not isinstance(file_name, str) or not file_name:
+                raise FlowpostError("this metadata row has no 'file_name'; name the image it captions", where=row.where)
+            image = table.parent / file_name
+            if image in rows:
+                raise FlowpostError(f"{file_name} has a second metadata row; keep one", where=row.where)
+            rows[image] = row.fields
+    return rows

@@ -1,0 +1,62 @@
+"""Source ``table``: a ``.parquet`` / ``.csv`` / ``.jsonl`` of captions and images.
+
+The image column holds the encoded bytes (or a ``{"bytes": ..., "path": ...}`` struct, as the
+``datasets`` library writes images), or a path relative to the table's folder. Every other column
+becomes the items' metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from flowpost.data.file_hashes import files_fingerprint
+from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
+from flowpost.data.sources.items import SourceItem, caption_field, json_metadata
+from flowpost.errors import FlowpostError
+
+SUFFIXES = (".parquet", ".csv", ".jsonl")
+
+
+def table_rows(table: Path, *, image_column: str, where: str) -> list[PromptRow]:
+    """The table's rows; a missing file, another format or a missing image column is a FlowpostError."""
+    if not table.is_file() or table.suffix.lower() not in SUFFIXES:
+        raise FlowpostError(f"{table} is not a {'/'.join(SUFFIXES)} file; fix the path", where=where)
+    rows = read_prompt_rows(table)
+    if rows and image_column not in rows[0].fields:
+        columns = ", ".join(rows[0].fields)
+        raise FlowpostError(f"no image column {image_column!r} (columns: {columns}); set image_column", where=where)
+    return rows
+
+
+def table_fingerprint(table: Path, *, image_column: str, where: str) -> str:
+    """Changes when the table or an image file it names does."""
+    rows = table_rows(table, image_column=image_column, where=where)
+    images = sorted({_image(table, row.fields[image_column]) for row in rows} - {None}, key=str)
+    return files_fingerprint(table.parent, [table, *(table.parent / p for p in images)])
+
+
+def table_items(table: Path, *, caption_column: str | None, image_column: str, where: str) -> Iterator[SourceItem]:
+    """One item per row, named by its row number."""
+    for number, row in enumerate(table_rows(table, image_column=image_column, where=where), start=1):
+        column, caption = caption_field(row.fields, caption_column)
+        extra = {k: v for k, v in row.fields.items() if k not in (image_column, column)}
+        image = _source(table, row.fields[image_column])
+        yield SourceItem(f"row-{number}", row.where, image, caption, json_metadata(extra))
+
+
+def _source(table: Path, value: Any) -> Path | bytes:
+    """The image file a cell names, or the bytes it holds (empty, so unreadable, for anything else)."""
+    path = _image(table, value)
+    if path is not None:
+        return table.parent / path
+    data = value.get("bytes") if isinstance(value, dict) else value
+    return data if isinstance(data, bytes) else b""
+
+
+def _image(table: Path, value: Any) -> str | None:
+    """The relative path an image cell names (a string, or a struct without bytes), else None."""
+    if isinstance(value, dict) and not value.get("bytes"):
+        value = value.get("path")
+    return value if isinstance(value, str) and value else None
