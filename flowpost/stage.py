@@ -92,6 +92,14 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         else:
             adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
     encoder = spec.extra.get("encoder") or {}
+    if encoder.get("name", adapter.encoder_name) != adapter.encoder_name:
+        model_at = model.pretrained or spec.init_from or f"family {model.family!r}"
+        raise FlowpostError(
+            f"the model ({model_at}) reads {adapter.encoder_name!r} conditions, but the cache "
+            f"{spec.conditions_dir} holds {encoder['name']!r} ones ({encoder.get('pretrained', 'its encoder')}); "
+            "point data.conditions at a cache of the stage's family",
+            where=f"stages.{spec.stage}.data.conditions",
+        )
     if encoder.get("max_length") is not None:
         adapter.encoder_max_length = int(encoder["max_length"])
     if stage.launch.mixed_precision == "bf16":

@@ -8,7 +8,9 @@ from typing import Any
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema import ConditionsConfig
 from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.models.text_encoders import build_encoder
+from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.registry import adapter_class
+from flowpost.core.models.text_encoders import ConditionEncoder, build_encoder
 from flowpost.data.condition_cache import update_condition_cache
 
 
@@ -29,26 +31,43 @@ def cache_conditions(
     prompts = [NULL_PROMPT, *extra_prompts]
     for directory in dataset_dirs:
         prompts += dataset_prompts(directory)
-    encoder = build_encoder(config.encoder, max_length=config.max_length)
-    stats = update_condition_cache(out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode)
-    summary = {
-        "encoder": config.encoder,
+    encoder = condition_encoder(config)
+    try:
+        stats = update_condition_cache(out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode)
+    finally:
+        encoder.release()
+    summary: dict[str, Any] = {
+        "encoder": config.model.family if config.model else config.encoder,
         "encoder_fingerprint": encoder.fingerprint,
         "max_length": config.max_length,
         "hits": stats.hits,
         "misses": stats.misses,
         "total": stats.total,
     }
+    if config.model is not None:
+        summary["pretrained"] = config.model.pretrained
     write_json_atomic(out_dir / "encoder.json", summary)
     return summary
 
 
+def condition_encoder(config: ConditionsConfig) -> ConditionEncoder:
+    """MiniLM (``encoder``), or the text encoders of the family's pipeline (``model``)."""
+    if config.model is None:
+        return build_encoder(config.encoder, max_length=config.max_length)
+    model = config.model
+    source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype)
+    family = adapter_class(model.family, where="conditions.*.model.family")
+    return family.prompt_encoder(source, max_length=config.max_length)
+
+
 def encoder_settings(conditions_dir: Path) -> dict[str, Any]:
-    """Name, fingerprint and ``max_length`` of the encoder that filled a condition cache."""
+    """Name, fingerprint, ``max_length`` (and the pipeline, for a family's own) of a condition cache's encoder."""
     summary = read_json(conditions_dir / "encoder.json", what="condition cache summary")
     settings = {"name": summary["encoder"], "fingerprint": summary["encoder_fingerprint"]}
     if "max_length" in summary:
         settings["max_length"] = int(summary["max_length"])
+    if "pretrained" in summary:
+        settings["pretrained"] = summary["pretrained"]
     return settings
 
 

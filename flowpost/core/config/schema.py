@@ -92,12 +92,58 @@ class DatasetConfig(StrictModel):
         return data
 
 
+PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype")
+
+
+class PretrainedOptions(StrictModel):
+    """The ``from_pretrained`` options of a diffusers pipeline (they apply only with ``pretrained``)."""
+
+    revision: str | None = Field(None, description="with pretrained: the hub revision")
+    variant: str | None = Field(None, description="with pretrained: the weights variant, e.g. 'fp16'")
+    torch_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="with pretrained: the dtype the weights load in"
+    )
+
+    def _without_unset(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` without the pretrained options left unset, so configs without them keep their params."""
+        for name in ("pretrained", *PRETRAINED_OPTIONS):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class EncoderModelConfig(PretrainedOptions):
+    """A model family whose own text encoders fill a condition cache, from its diffusers pipeline."""
+
+    family: str
+    pretrained: str = Field(description="a diffusers pipeline folder or hub id")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return self._without_unset(handler(self))
+
+
 class ConditionsConfig(StrictModel):
-    """Which encoder caches the prompts of which datasets."""
+    """Which encoder caches the prompts of which datasets: ``encoder`` (MiniLM, the tiny family's) or
+    ``model`` (a real family's own text encoders); ``max_length`` is the (T5) token length."""
 
     encoder: Literal["minilm"] = "minilm"
+    model: EncoderModelConfig | None = None
     datasets: list[str] = Field(min_length=1)
     max_length: int = Field(16, ge=4, le=256)
+
+    @model_validator(mode="after")
+    def _one_encoder(self) -> ConditionsConfig:
+        if self.model is not None and "encoder" in self.model_fields_set:
+            raise ValueError("encoder and model are alternatives; remove one")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _one_encoder_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``encoder`` without ``model``, ``model`` without ``encoder``: MiniLM caches keep their params."""
+        data = handler(self)
+        data.pop("encoder" if self.model is not None else "model", None)
+        return data
 
 
 class LoraConfig(StrictModel):
@@ -108,10 +154,7 @@ class LoraConfig(StrictModel):
     targets: list[str] | None = Field(None, description="module names; default: the family's attention")
 
 
-PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype")
-
-
-class ModelConfig(StrictModel):
+class ModelConfig(PretrainedOptions):
     """The model a stage trains: a registered family, initialised from scratch, a stage or the promoted export."""
 
     family: str = "tiny-sd3"
@@ -128,11 +171,6 @@ class ModelConfig(StrictModel):
     transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
     lora: LoraConfig | None = None
     pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
-    revision: str | None = Field(None, description="with pretrained: the hub revision")
-    variant: str | None = Field(None, description="with pretrained: the weights variant, e.g. 'fp16'")
-    torch_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="with pretrained: the dtype the weights load in"
-    )
 
     @model_validator(mode="after")
     def _fallback_needs_previous(self) -> ModelConfig:
@@ -154,10 +192,7 @@ class ModelConfig(StrictModel):
         data = handler(self)
         if self.init != "previous":
             data.pop("fallback", None)
-        for name in ("pretrained", *PRETRAINED_OPTIONS):
-            if data.get(name) is None:
-                data.pop(name, None)
-        return data
+        return self._without_unset(data)
 
 
 class DataRef(StrictModel):
@@ -294,7 +329,11 @@ class PromoteConfig(StrictModel):
 
 class ExportConfig(StrictModel):
     from_stage: str = Field(alias="from")
-    formats: list[Literal["diffusers"]] = Field(default_factory=lambda: ["diffusers"])
+    formats: list[Literal["diffusers", "pipeline"]] = Field(
+        default_factory=lambda: ["diffusers"],
+        description="diffusers: transformer/ (and lora/ when the stage trained LoRA); pipeline: a complete "
+        "diffusers pipeline folder (families loaded from model.pretrained)",
+    )
     promote: PromoteConfig | None = None
 
     @model_serializer(mode="wrap")
@@ -353,6 +392,9 @@ class PipelineConfig(StrictModel):
             )
         if self.export is not None and self.export.from_stage not in self.stages:
             errors.append(("export.from", _unknown("stage", self.export.from_stage, self.stages)))
+        elif self.export is not None and "pipeline" in self.export.formats:
+            if self.stages[self.export.from_stage].model.pretrained is None:
+                errors.append(("export.formats", "'pipeline' needs a stage loaded from model.pretrained"))
         elif self.export is not None and self.export.promote and self.export.from_stage not in self.evaluate.after:
             errors.append(
                 (
@@ -371,6 +413,8 @@ class PipelineConfig(StrictModel):
         cache = self.conditions.get(data.conditions)
         if cache is None:
             errors.append((f"stages.{name}.data.conditions", _unknown("conditions", data.conditions, self.conditions)))
+        elif problem := _encoder_mismatch(self.stages[name].model, cache, data.conditions):
+            errors.append((f"stages.{name}.model.family", problem))
         for key, dataset in (("dataset", data.dataset), ("prompts", data.prompts)):
             if dataset is None:
                 continue
@@ -409,6 +453,22 @@ def _init_problems(name: str, model: ModelConfig, earlier: list[str], *, gated: 
     if model.init != "scratch" and model.init not in earlier:
         return [(f"{where}.init", _unknown("earlier stage", model.init, [*INIT_KEYWORDS, *earlier]))]
     return []
+
+
+def _encoder_mismatch(model: ModelConfig, cache: ConditionsConfig, key: str) -> str | None:
+    """Why a stage's model cannot read the cache ``conditions.<key>``: another family's text encoders
+    filled it, or MiniLM did while the stage loads a pretrained family."""
+    if cache.model is not None and cache.model.family != model.family:
+        return (
+            f"{model.family!r} differs from {cache.model.family!r}, whose text encoders filled "
+            f"conditions.{key} (conditions.{key}.model.family); use one family"
+        )
+    if cache.model is None and model.pretrained is not None:
+        return (
+            f"{model.family!r} loads from model.pretrained, but {cache.encoder} encoded conditions.{key}; "
+            f"set conditions.{key}.model to the stage's family and pretrained"
+        )
+    return None
 
 
 def _unknown(kind: str, value: str, allowed: Any) -> str:

@@ -12,10 +12,13 @@ from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.text_encoders import ConditionEncoder
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.errors import FlowpostError
 
 ADAPTER_FILE = "flowpost_adapter.json"
+LORA_DIR = "lora"  # beside transformer/: the LoRA adapters alone, in diffusers' LoRA format
+LORA_BASE_DIR = "lora_base"  # the weights those adapters sit on, unless a pretrained pipeline's
 DEFAULT_ENCODER_MAX_LENGTH = 16
 
 
@@ -46,6 +49,20 @@ class ModelAdapter(ABC):
     def from_pipeline(cls, source: PretrainedSource) -> ModelAdapter:
         """Load a diffusers pipeline (folder or hub id); real families implement it."""
         raise FlowpostError(f"family {cls.family!r} loads no diffusers pipeline; remove it", where="model.pretrained")
+
+    @classmethod
+    def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> ConditionEncoder:
+        """This family's own text encoders from a diffusers pipeline, as the conditions node runs them."""
+        raise FlowpostError(
+            f"family {cls.family!r} has no text encoders of its own; use encoder: minilm",
+            where="conditions.*.model.family",
+        )
+
+    def save_pipeline(self, path: str | Path) -> None:
+        """A complete diffusers pipeline folder with this transformer (LoRA merged); real families implement it."""
+        raise FlowpostError(
+            f"family {self.family!r} has no diffusers pipeline; remove 'pipeline'", where="export.formats"
+        )
 
     @abstractmethod
     def save_pretrained(self, path: str | Path) -> None:

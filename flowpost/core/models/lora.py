@@ -1,8 +1,9 @@
-"""LoRA through PEFT on any diffusers model: inject, detect, and merge for export."""
+"""LoRA through PEFT on any diffusers model: inject, detect, merge and save for export."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 from torch import nn
 
@@ -38,3 +39,29 @@ def merged_copy(module: nn.Module) -> nn.Module:
     merged.fuse_lora()  # type: ignore[operator]
     merged.unload_lora()  # type: ignore[operator]
     return merged
+
+
+def base_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with its LoRA layers removed unmerged: the weights the adapters sit on."""
+    base = copy.deepcopy(module)
+    base.unload_lora()  # type: ignore[operator]
+    return base
+
+
+def without_lora(module: nn.Module) -> nn.Module:
+    """``module`` itself, or a merged copy when it has LoRA layers: a plain diffusers model either way."""
+    return merged_copy(module) if has_lora(module) else module
+
+
+def save_lora(module: nn.Module, folder: Path) -> None:
+    """The LoRA layers as diffusers writes them: ``pytorch_lora_weights.safetensors`` with ``transformer.``
+    keys and the PEFT config (rank, alpha, targets) in its metadata, which ``load_lora_weights`` and
+    ``load_lora_adapter`` read."""
+    from diffusers import StableDiffusion3Pipeline
+    from peft.utils import get_peft_model_state_dict
+
+    StableDiffusion3Pipeline.save_lora_weights(
+        folder,
+        transformer_lora_layers=get_peft_model_state_dict(module),
+        transformer_lora_adapter_metadata=module.peft_config["default"].to_dict(),  # type: ignore[index]
+    )

@@ -12,18 +12,19 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.io import read_json
 from flowpost.core.models.base import ADAPTER_FILE
+from flowpost.core.models.lora import without_lora
 from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.sd3_prompts import T5_MAX_LENGTH, SD3PromptEncoder
 from flowpost.core.models.sd3_transformer import SD3State, SD3TransformerAdapter
 from flowpost.errors import FlowpostError
-
-T5_MAX_LENGTH = 256  # the stock pipeline's max_sequence_length
 
 
 class SD3Adapter(SD3TransformerAdapter):
     """``SD3Transformer2DModel`` on ``AutoencoderKL`` latents, conditioned by CLIP-L + CLIP-G + T5.
 
     The transformer and scheduler load with the adapter; the VAE and the text encoders load from the
-    source pipeline on first use (training from cached conditions never loads the text encoders).
+    source pipeline on first use (training from cached conditions never loads the text encoders; the
+    conditions node loads them alone through ``prompt_encoder``).
     """
 
     family: ClassVar[str] = "sd3"
@@ -56,7 +57,9 @@ class SD3Adapter(SD3TransformerAdapter):
         from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
         transformer = source.load("transformer", SD3Transformer2DModel)
-        return cls(transformer, source.load("scheduler", FlowMatchEulerDiscreteScheduler, weights=False), source)
+        adapter = cls(transformer, source.load("scheduler", FlowMatchEulerDiscreteScheduler, weights=False), source)
+        adapter.transformer_is_pipelines = True
+        return adapter
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> SD3Adapter:
@@ -79,6 +82,24 @@ class SD3Adapter(SD3TransformerAdapter):
         """The transformer (LoRA merged) and scheduler as diffusers folders; the manifest names the source pipeline."""
         super().save_pretrained(path)
         self.scheduler.save_pretrained(Path(path) / "scheduler")
+
+    def save_pipeline(self, path: str | Path) -> None:
+        """The source pipeline with this transformer (LoRA merged) and scheduler, saved as one folder."""
+        from diffusers import StableDiffusion3Pipeline
+
+        network = without_lora(self.transformer)
+        options = {"revision": self.source.revision, "variant": self.source.variant}
+        if self.source.torch_dtype is not None:
+            options["torch_dtype"] = getattr(torch, self.source.torch_dtype)
+        try:
+            pipeline = StableDiffusion3Pipeline.from_pretrained(
+                self.source.path, transformer=network, scheduler=self.scheduler, **options
+            )
+        except (OSError, ValueError) as error:
+            raise FlowpostError(
+                f"cannot load the source pipeline to export: {error}", where=self.source.path
+            ) from error
+        pipeline.save_pretrained(path, safe_serialization=True)
 
     def describe(self) -> dict[str, Any]:
         description = super().describe()
@@ -111,38 +132,20 @@ class SD3Adapter(SD3TransformerAdapter):
         scheduler.set_timesteps(steps, **options)
         return scheduler.sigmas.float().cpu()
 
+    @classmethod
+    def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> SD3PromptEncoder:
+        return SD3PromptEncoder.for_conditions(source, max_length=max_length)
+
     @cached_property
-    def prompt_pipeline(self) -> Any:
-        """The stock pipeline with its three text encoders and tokenizers only (no transformer, no VAE)."""
-        from diffusers import StableDiffusion3Pipeline
-        from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+    def text_encoders(self) -> SD3PromptEncoder:
+        """The source pipeline's text encoders, loaded on the first ``encode_conditions``."""
+        return SD3PromptEncoder(self.source, self.encoder_max_length)
 
-        load = self.source.load
-        return StableDiffusion3Pipeline(
-            transformer=None,
-            scheduler=self.scheduler,
-            vae=None,
-            text_encoder=load("text_encoder", CLIPTextModelWithProjection),
-            tokenizer=load("tokenizer", CLIPTokenizer, weights=False),
-            text_encoder_2=load("text_encoder_2", CLIPTextModelWithProjection),
-            tokenizer_2=load("tokenizer_2", CLIPTokenizer, weights=False),
-            text_encoder_3=load("text_encoder_3", T5EncoderModel),
-            tokenizer_3=load("tokenizer_3", T5TokenizerFast, weights=False),
-        )
-
-    @torch.no_grad()
     def encode_conditions(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
-        """The pipeline's own ``encode_prompt``: [CLIP-L | CLIP-G] padded to the T5 width, then T5 tokens;
-        pooled CLIP-L + CLIP-G. The mask is all ones: SD3 attends to every position, padding included."""
-        embeds, _, pooled, _ = self.prompt_pipeline.encode_prompt(
-            prompt=prompts,
-            prompt_2=None,
-            prompt_3=None,
-            do_classifier_free_guidance=False,
-            max_sequence_length=self.encoder_max_length if max_length is None else max_length,
+        """As the stock pipeline's ``encode_prompt`` (``SD3PromptEncoder.encode``), at this model's T5 length."""
+        return self.text_encoders.encode(
+            prompts, max_length=self.encoder_max_length if max_length is None else max_length
         )
-        mask = torch.ones(embeds.shape[:2], dtype=torch.int8)
-        return ConditionBatch(embeds.float().cpu(), mask, pooled.float().cpu())
 
     def prepare_condition_state(self, batch: ConditionBatch) -> SD3State:
         return SD3State(batch.token_states, batch.pooled)

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from flowpost.core.conditions import ConditionState
 from flowpost.core.io import write_json_atomic
-from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
-from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, has_lora, merged_copy
+from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR, ModelAdapter
+from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, base_copy, has_lora, merged_copy, save_lora
 from flowpost.core.roles import Snapshots
 
 
@@ -45,6 +45,7 @@ class SD3TransformerAdapter(ModelAdapter):
     """An ``SD3Transformer2DModel`` as the trainable network; subclasses add conditions and the output codec."""
 
     output_codec: ClassVar[str]
+    transformer_is_pipelines: bool = False  # the transformer is the source pipeline's own, untrained
 
     def __init__(self, transformer: torch.nn.Module) -> None:
         self.transformer = transformer
@@ -52,13 +53,24 @@ class SD3TransformerAdapter(ModelAdapter):
         self.lora: dict[str, Any] | None = None
 
     def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
+        """Adapters on the current weights; ``lora["base"]`` says where an export finds those weights."""
         add_lora(self.transformer, rank=rank, alpha=alpha, targets=targets or SD3_ATTENTION_TARGETS)
-        self.lora = {"rank": rank, "alpha": alpha, "targets": list(targets or SD3_ATTENTION_TARGETS)}
+        base = "pretrained" if self.transformer_is_pipelines else f"{LORA_BASE_DIR}/transformer"
+        self.lora = {"rank": rank, "alpha": alpha, "targets": list(targets or SD3_ATTENTION_TARGETS), "base": base}
 
     def save_pretrained(self, path: str | Path) -> None:
-        """LoRA, when present, is merged: ``transformer/`` is a plain diffusers transformer."""
+        """LoRA, when present, is merged: ``transformer/`` is a plain diffusers transformer; ``lora/`` holds
+        the adapters alone in diffusers' LoRA format, and ``lora_base/transformer/`` the weights they sit on
+        unless those are the pretrained pipeline's."""
         path = Path(path)
-        network = merged_copy(self.transformer) if has_lora(self.transformer) else self.transformer
+        network = self.transformer
+        if has_lora(self.transformer):
+            save_lora(self.transformer, path / LORA_DIR)
+            if not self.transformer_is_pipelines:
+                base_copy(self.transformer).save_pretrained(
+                    path / LORA_BASE_DIR / "transformer", safe_serialization=True
+                )
+            network = merged_copy(self.transformer)
         network.save_pretrained(path / "transformer", safe_serialization=True)
         write_json_atomic(path / ADAPTER_FILE, self.describe())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -13,6 +14,18 @@ from flowpost.core.io import sha256_file, sha256_json
 from flowpost.errors import FlowpostError
 
 ENCODERS = ("minilm",)
+
+
+class ConditionEncoder(Protocol):
+    """What fills a condition cache: prompts to a ``ConditionBatch``, and a fingerprint keying the rows."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def encode(self, prompts: list[str]) -> ConditionBatch: ...
+
+    def release(self) -> None:
+        """Free the loaded weights."""
 
 
 def minilm_path() -> Path:
@@ -51,6 +64,9 @@ class MiniLMEncoder:
         """Identifies the encoder's weights and settings; keys the condition cache."""
         weights = sha256_file(self.model_dir / "model.safetensors")
         return sha256_json({"encoder": "minilm", "weights": weights, "max_length": self.max_length})[:16]
+
+    def release(self) -> None:
+        self.__dict__.pop("_modules", None)
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> ConditionBatch:

@@ -1,0 +1,125 @@
+"""The export's LoRA, transformer and pipeline folders load in stock diffusers and generate as flowpost does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
+
+from flowpost.core.io import write_json_atomic
+from flowpost.core.models.sd3_transformer import SD3TransformerAdapter
+from flowpost.core.models.tiny_sd3 import TinySD3Adapter
+from flowpost.core.sampling.ode import sample_ode
+from flowpost.tasks.export import export_stage
+
+PROMPTS = ["a red cat", "a blue dog on a car"]
+STEPS, GUIDANCE = 4, 4.5
+
+
+def _perturbed_lora(adapter: SD3TransformerAdapter) -> SD3TransformerAdapter:
+    """LoRA with alpha != rank (the scale must travel in the export) and nonzero B, as after training."""
+    adapter.add_lora(rank=2, alpha=6.0)
+    with torch.no_grad():
+        for name, param in adapter.module().named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    return adapter
+
+
+def _export(adapter: SD3TransformerAdapter, tmp_path: Path, formats: tuple[str, ...] = ("diffusers",)) -> Path:
+    train_dir, out = tmp_path / "train", tmp_path / "export"
+    adapter.save_pretrained(train_dir / "final" / "live")
+    write_json_atomic(train_dir / "final" / "progress.json", {"optimizer_step": 1})
+    out.mkdir()
+    config = {"name": "lora-export"}
+    export_stage(
+        stage="s",
+        train_dir=train_dir,
+        out_dir=out,
+        weights="live",
+        resolved_config=config,
+        fingerprints={},
+        formats=formats,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def sd3_export(sd3_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    adapter = _perturbed_lora(load_sd3_adapter(sd3_pipeline_dir))
+    return adapter, _export(adapter, tmp_path_factory.mktemp("sd3-export"), ("diffusers", "pipeline"))
+
+
+def _flowpost_latents(adapter: Any, noise: torch.Tensor) -> torch.Tensor:
+    state = adapter.prepare_condition_state(adapter.encode_conditions(PROMPTS))
+    negative = adapter.prepare_condition_state(adapter.encode_conditions([""]).index([0, 0]))
+    with torch.no_grad():
+        sigmas = adapter.inference_sigmas(STEPS)
+        return sample_ode(adapter, noise, state, sigmas, guidance=GUIDANCE, negative=negative)
+
+
+def _stock_latents(pipe: Any, noise: torch.Tensor) -> torch.Tensor:
+    options = {"num_inference_steps": STEPS, "guidance_scale": GUIDANCE, "max_sequence_length": T5_LENGTH}
+    return pipe(PROMPTS, latents=noise.clone(), output_type="latent", **options).images
+
+
+def _noise(adapter: Any) -> torch.Tensor:
+    return torch.randn(len(PROMPTS), *adapter.latent_shape, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
+def test_the_stock_sd3_pipeline_generates_what_flowpost_samples(sd3_export, sd3_pipeline_dir: Path, route) -> None:
+    from diffusers import DiffusionPipeline, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    adapter, export = sd3_export
+    if route == "lora":
+        pipe = StableDiffusion3Pipeline.from_pretrained(sd3_pipeline_dir)
+        pipe.load_lora_weights(export / "lora")
+    elif route == "transformer":
+        transformer = SD3Transformer2DModel.from_pretrained(export / "transformer")
+        pipe = StableDiffusion3Pipeline.from_pretrained(sd3_pipeline_dir, transformer=transformer)
+    else:
+        pipe = DiffusionPipeline.from_pretrained(export)
+    noise = _noise(adapter)
+    expected = _flowpost_latents(adapter, noise)
+    torch.testing.assert_close(_stock_latents(pipe, noise), expected, rtol=0, atol=1e-5)
+    untrained = _stock_latents(StableDiffusion3Pipeline.from_pretrained(sd3_pipeline_dir), noise)
+    assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
+
+
+def test_the_sd3_export_documents_its_folders(sd3_export) -> None:
+    _, export = sd3_export
+    card = (export / "README.md").read_text()
+    assert 'pipe.load_lora_weights("lora")' in card and "DiffusionPipeline.from_pretrained" in card
+    assert not (export / "lora_base").exists()  # the LoRA sits on the pretrained pipeline's transformer
+
+
+def test_the_tiny_familys_lora_loads_onto_its_base_transformer(tmp_path: Path) -> None:
+    from diffusers import SD3Transformer2DModel
+
+    adapter = _perturbed_lora(TinySD3Adapter.from_scratch(seed=0, overrides={"num_layers": 1}))
+    export = _export(adapter, tmp_path)
+    transformer = SD3Transformer2DModel.from_pretrained(export / "lora_base" / "transformer")
+    transformer.load_lora_adapter(export / "lora", prefix="transformer", use_safetensors=True)
+    latents, sigma = (
+        torch.randn(2, *adapter.latent_shape, generator=torch.Generator().manual_seed(1)),
+        torch.tensor(0.6),
+    )
+    state = adapter.prepare_condition_state(_random_conditions())
+    with torch.no_grad():
+        expected = adapter.velocity(latents, sigma, state)
+        loaded = TinySD3Adapter(transformer).velocity(latents, sigma, state)
+    torch.testing.assert_close(loaded, expected, rtol=0, atol=1e-5)
+    assert "load_lora_adapter" in (export / "README.md").read_text()
+
+
+def _random_conditions() -> Any:
+    from flowpost.core.conditions import ConditionBatch
+
+    generator = torch.Generator().manual_seed(2)
+    return ConditionBatch(
+        torch.randn(2, 16, 384, generator=generator), torch.ones(2, 16), torch.randn(2, 384, generator=generator)
+    )
