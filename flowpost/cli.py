@@ -63,12 +63,14 @@ def run(
 
     from flowpost.core.config.loading import pipeline_to_dict
     from flowpost.core.process_group import export_topology
+    from flowpost.tasks.interrupts import stop_run_on_signals
     from flowpost.tasks.workspace_lock import workspace_lock
 
     config = _load(pipeline, set_, smoke=smoke)
     export_topology(num_machines, machine_rank, main_process_ip, main_process_port)
     _quiet_prefect_defaults()
-    with workspace_lock(workspace, "flowpost run"):  # taken before a temporary Prefect server starts
+    # the lock is taken before a temporary Prefect server starts; a signal stops that server too
+    with stop_run_on_signals(), workspace_lock(workspace, "flowpost run"):
         from flowpost.flows.pipeline import pipeline_flow
 
         results = pipeline_flow(

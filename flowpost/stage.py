@@ -35,6 +35,7 @@ from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.registry import trainer_class
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
+from flowpost.core.trainers.stop import StageStopped, stop_on_sigterm
 from flowpost.data.stage_inputs import load_stage_inputs
 from flowpost.errors import FlowpostError
 
@@ -180,7 +181,10 @@ def _redirect_output(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One stage process: a rank (single-process, or started by torchrun) or the ranks' launcher."""
+    """One stage process: a rank (single-process, or started by torchrun) or the ranks' launcher.
+
+    SIGTERM stops a rank at its next budget-unit boundary with a checkpoint (exit 143).
+    """
     if not follow_parent():
         print("error: the orchestrating process has exited; not starting the stage", file=sys.stderr)
         return PARENT_GONE
@@ -197,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if started_by_torchrun:
         _redirect_output(rank_log(spec.output_dir, rank))
     try:
-        progress = run_stage(spec)
+        with stop_on_sigterm():
+            progress = run_stage(spec)
+    except StageStopped as stop:
+        print(f"{stop}; it resumes from there on the next run", file=sys.stderr)
+        return 128 + stop.signum
     except BaseException as exc:
         record_rank_failure(spec.output_dir, rank, exc)
         if not isinstance(exc, FlowpostError):

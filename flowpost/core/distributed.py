@@ -73,3 +73,12 @@ def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     dist.all_gather_object(gathered, metrics)
     keys = sorted(set().union(*(g or {} for g in gathered)))
     return {k: sum((g or {}).get(k, 0.0) for g in gathered) / len(gathered) for k in keys}
+
+
+def any_over_ranks(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` is true on any rank (every rank gets the same answer)."""
+    if not is_distributed():
+        return flag
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())

@@ -19,6 +19,7 @@ from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.events import Event, StartEvent, StepEvent
 from flowpost.errors import FlowpostError, TransientError
 from flowpost.tasks.graph import NodeKind
+from flowpost.tasks.interrupts import stop_run_on_signals
 from flowpost.tasks.runner import NodeResult, PipelineRun
 from flowpost.tasks.workspace_lock import workspace_lock
 
@@ -121,8 +122,9 @@ def pipeline_flow(
     doubled at each retry (a training node resumes from its checkpoints). When a node fails, nodes
     downstream of it do not run and the flow fails with that node's message. The flow holds the
     workspace's lock (``flowpost run`` already does; a scheduled or deployed run takes it here).
+    SIGINT or SIGTERM stops the stages and the processes the run started and exits 130 or 143.
     """
-    with workspace_lock(workspace, "flowpost flow run"):
+    with stop_run_on_signals(), workspace_lock(workspace, "flowpost flow run"):
         return _run_pipeline(pipeline, workspace, refresh, resume, retries, retry_delay_seconds)
 
 

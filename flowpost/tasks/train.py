@@ -20,6 +20,7 @@ from flowpost.tasks.conditions import encoder_settings
 
 EventHandler = Callable[[Event], None]
 POLL_SECONDS = 0.5
+_RUNNING: set[subprocess.Popen[bytes]] = set()  # the stage processes this process started and still follows
 
 
 def stage_spec(
@@ -87,6 +88,7 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> Do
             start_new_session=True,
             env=env,
         )
+        _RUNNING.add(process)
         hang_timeout = spec.launch.get("hang_timeout")
         last_event = time.monotonic()
         try:
@@ -104,6 +106,8 @@ def run_training(spec: StageSpec, *, on_event: EventHandler | None = None) -> Do
         except BaseException:
             _kill_group(process)
             raise
+        finally:
+            _RUNNING.discard(process)
     _relay(events_path, seen, on_event)
     failed = failed_ranks(out) if process.returncode != 0 else []
     if failed:
@@ -160,6 +164,12 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
         if not alive:
             break
     process.wait()
+
+
+def stop_stages() -> None:
+    """Stop every stage this process runs, each with its whole process group (SIGTERM, then SIGKILL)."""
+    for process in list(_RUNNING):
+        _kill_group(process)
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:

@@ -44,17 +44,31 @@ class WeightedRewards:
         batch = media.shape[0]
         total = torch.zeros(batch, dtype=torch.float32, device=media.device)
         scores: dict[str, Tensor] = {}
-        for reward, weight in self.components:
-            score = reward(media, prompts, metadata)
-            if score.shape != (batch,):
-                raise FlowpostError(
-                    f"reward {reward.name!r} returned shape {tuple(score.shape)}, expected ({batch},)",
-                    where=self.where,
-                )
-            score = score.detach().to(device=media.device, dtype=torch.float32)
+        for position, (reward, weight) in enumerate(self.components):
+            score = self._score(position, reward, media, prompts, metadata)
             scores[reward.name] = score
             total = total + weight * score
         return RewardOutput(total=total, components=scores)
+
+    def _score(
+        self, position: int, reward: Reward, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+    ) -> Tensor:
+        """One component's ``[B]`` float32 scores; any failure names ``WHERE.N`` and the reward."""
+        where, batch = f"{self.where}.{position}", media.shape[0]
+        try:
+            score = reward(media, prompts, metadata)
+        except FlowpostError as exc:  # its own message (a TransientError stays retryable)
+            raise type(exc)(f"reward {reward.name!r}: {exc}", where=where) from exc
+        except Exception as exc:
+            raise FlowpostError(f"reward {reward.name!r} raised {type(exc).__name__}: {exc}", where=where) from exc
+        if not isinstance(score, Tensor) or score.shape != (batch,):
+            shape = tuple(score.shape) if isinstance(score, Tensor) else type(score).__name__
+            raise FlowpostError(f"reward {reward.name!r} returned {shape}, expected ({batch},) scores", where=where)
+        score = score.detach().to(device=media.device, dtype=torch.float32)
+        if not bool(torch.isfinite(score).all()):
+            bad = int((~torch.isfinite(score)).sum())
+            raise FlowpostError(f"reward {reward.name!r} returned {bad} non-finite of {batch} scores", where=where)
+        return score
 
     def metrics(self, output: RewardOutput) -> dict[str, float]:
         """``reward/<name>_mean``, ``reward/<name>_std`` (population) per component, ``reward/total_mean``."""

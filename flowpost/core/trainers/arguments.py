@@ -32,6 +32,9 @@ class TrainerArguments(StrictModel):
     checkpoint_every: int = Field(0, ge=0, description="budget units between checkpoints; 0: end only")
     keep_last: int | None = Field(None, ge=1, description="checkpoints kept (the newest); null: all")
     log_every: int = Field(10, ge=1, description="budget units between logged events")
+    max_bad_steps: int = Field(
+        3, ge=1, description="optimizer steps in a row with a non-finite loss or gradients before the stage stops"
+    )
 
     @property
     def budget(self) -> int:

@@ -8,6 +8,7 @@ the rest: the parallel layout, the checkpoint manager, the callbacks, the event 
 from __future__ import annotations
 
 import random
+import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,7 +18,7 @@ import torch
 
 from flowpost.core.callbacks.base import Callback, CallbackList
 from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
-from flowpost.core.distributed import mean_over_ranks
+from flowpost.core.distributed import any_over_ranks, mean_over_ranks
 from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.events import DoneEvent, EventLog, StartEvent, StepEvent, resume_warning
 from flowpost.core.logging import get_logger
@@ -26,9 +27,11 @@ from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.bad_steps import BadSteps
 from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
 from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.spec import StageSpec
+from flowpost.core.trainers.stop import StageStopped, stop_requested
 from flowpost.errors import FlowpostError
 
 log = get_logger(__name__)
@@ -104,6 +107,7 @@ class BaseTrainer(ABC):
         )
         self.parallel = parallel_layout(spec.launch.get("backend", "ddp"), self.accelerator.num_processes)
         self.cycle_metrics: dict[str, float] = {}  # the current cycle's rewards: every step's trackers see them
+        self.bad_steps = BadSteps(args.max_bad_steps)
         model = self.parallel.prepare(adapter, self.accelerator.device)
         self.setup()
         model.train()
@@ -205,16 +209,23 @@ class BaseTrainer(ABC):
 
     def step_optimizer(self, metrics: dict[str, float], *, micro_batches: int = 0) -> dict[str, float]:
         """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks
-        and, when due, validation. Returns the step's metrics (averaged over ranks)."""
+        and, when due, validation. Returns the step's metrics (averaged over ranks).
+
+        A step whose loss or gradients are non-finite on any rank is skipped on every rank (gradients
+        zeroed, no optimizer or scheduler step) and counted in ``skipped_steps``.
+        """
         metrics = dict(metrics)
         sync_seconds = self.parallel.sync_gradients(self.trainable)
         if sync_seconds is not None:
             metrics["grad_sync_seconds"] = sync_seconds
-        metrics.update(self.callbacks.on_before_optimizer_step(self))
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        metrics.update(self.parallel.step_metrics())
-        self.scheduler.step()
+        if not self.bad_steps.is_bad(metrics.get("loss"), self.trainable, self.accelerator.device):
+            metrics.update(self.callbacks.on_before_optimizer_step(self))
+            metrics["lr"] = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            metrics.update(self.parallel.step_metrics())
+            self.scheduler.step()
+        if self.bad_steps.total:
+            metrics["skipped_steps"] = float(self.bad_steps.total)
         self.optimizer.zero_grad(set_to_none=True)
         self.progress = self.progress.after_optimizer_step(micro_batches)
         metrics = {**self.cycle_metrics, **mean_over_ranks(metrics)}
@@ -234,12 +245,24 @@ class BaseTrainer(ABC):
             self.callbacks.on_validation_end(self, self.validation.save(images, step))
 
     def _end_budget_unit(self, budget: int, metrics: dict[str, float]) -> None:
-        """Event and checkpoint cadence, counted in budget units."""
+        """Event and checkpoint cadence, counted in budget units; a stop request or too many bad steps
+        in a row end the stage here, after a checkpoint."""
         done = self.completed_units
-        if done % self.args.log_every == 0 or done == budget:
+        stopping = self.bad_steps.exhausted or any_over_ranks(stop_requested() is not None, self.accelerator.device)
+        if done % self.args.log_every == 0 or done == budget or stopping:
             self.events.write(StepEvent(stage=self.stage, step=done, max_steps=budget, metrics=metrics))
-        if self.args.checkpoint_every and done % self.args.checkpoint_every == 0:
+        due = self.args.checkpoint_every and done % self.args.checkpoint_every == 0
+        if due or (stopping and self.checkpoints.saved != self.progress):
             self.save_checkpoint()
+        if self.bad_steps.exhausted:
+            raise FlowpostError(
+                f"stage {self.stage!r}: {self.bad_steps.in_a_row} optimizer steps in a row had a non-finite loss or "
+                f"gradients (skipped, {self.bad_steps.total} in all); stopped with a checkpoint at optimizer step "
+                f"{self.progress.optimizer_step}; lower train.lr or add callbacks.grad_clip, then run again to resume",
+                where=f"stages.{self.stage}.train.max_bad_steps",
+            )
+        if stopping:
+            raise StageStopped(self.stage, done, stop_requested() or signal.SIGTERM)
 
     def _seed_everything(self) -> None:
         seed = self.spec.seed

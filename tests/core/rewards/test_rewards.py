@@ -79,7 +79,7 @@ def test_duplicate_names_and_bad_shapes_are_rejected() -> None:
     assert info.value.where == "stages.grpo.rewards.1.name"
     with pytest.raises(FlowpostError, match="at least one"):
         WeightedRewards([])
-    with pytest.raises(FlowpostError, match="returned shape"):
+    with pytest.raises(FlowpostError, match=r"returned \(3,\), expected \(2,\)"):
         WeightedRewards([(Constant("a", [1.0, 2.0, 3.0]), 1.0)])(torch.zeros(2, 1, 4, 4), ["", ""], [{}, {}])
 
 

@@ -1,0 +1,38 @@
+"""A request to stop a stage at its next budget-unit boundary (SIGTERM), with a checkpoint there."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+_requested: list[signal.Signals] = []
+
+
+class StageStopped(Exception):  # noqa: N818 - a requested stop, not an error
+    """Raised by the loop once every rank saw the stop request and a checkpoint holds the progress."""
+
+    def __init__(self, stage: str, units: int, signum: signal.Signals) -> None:
+        self.signum = signum
+        super().__init__(f"stage {stage!r} stopped by {signum.name} after {units} budget units, checkpoint saved")
+
+
+def stop_requested() -> signal.Signals | None:
+    """The signal that asked this process to stop, if one did."""
+    return _requested[0] if _requested else None
+
+
+def _request(signum: int, frame: FrameType | None) -> None:
+    _requested.append(signal.Signals(signum))
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While inside, SIGTERM asks the loop to checkpoint and stop instead of killing the process."""
+    previous = signal.signal(signal.SIGTERM, _request)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _requested.clear()
