@@ -33,14 +33,17 @@ def _start(tmp_path: Path, pipeline: Path) -> subprocess.Popen[str]:
     )
 
 
-def _training(tmp_path: Path, run: subprocess.Popen[str], *, checkpointed: bool) -> tuple[Path, list[psutil.Process]]:
-    """Wait until train.sft steps (and has a checkpoint); return its events file and the run's processes."""
+def _training(
+    tmp_path: Path, run: subprocess.Popen[str], *, checkpointed: bool, seen: int = 0
+) -> tuple[Path, list[psutil.Process]]:
+    """Wait until train.sft steps (and has a checkpoint) after its first ``seen`` events; return its events
+    file and the run's processes."""
     deadline = time.monotonic() + 300
     while True:
         assert run.poll() is None, run.communicate()[0]
         assert time.monotonic() < deadline, "train.sft did not start"
         events = list((tmp_path / "ws" / "train.sft").glob("*/events.jsonl"))
-        kinds = [e["event"] for e in read_events(events[0])] if events else []
+        kinds = [e["event"] for e in read_events(events[0])[seen:]] if events else []
         if "step" in kinds[kinds.index("start") if "start" in kinds else len(kinds) :] and (
             "checkpoint" in kinds or not checkpointed
         ):
@@ -90,7 +93,7 @@ def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path) 
 
     before = [e for e in read_events(events) if e["event"] == "checkpoint"][-1]["optimizer_step"]
     again = _start(tmp_path, pipeline)
-    _, processes = _training(tmp_path, again, checkpointed=False)
+    _, processes = _training(tmp_path, again, checkpointed=False, seen=len(read_events(events)))
     start = [e for e in read_events(events) if e["event"] == "start"][-1]
     assert start["resumed_from"] is not None and start["step"] >= before
     ports = _listening(processes)
