@@ -1,0 +1,69 @@
+"""What every family built on one diffusers transformer shares: snapshots, LoRA, gradient
+checkpointing, the manifest and the merged transformer export."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+import torch
+
+from flowpost.core.io import write_json_atomic
+from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
+from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, has_lora, merged_copy
+from flowpost.core.roles import Snapshots
+
+
+class TransformerAdapter(ModelAdapter):
+    """A diffusers transformer as the trainable network; subclasses add conditions, latents and the velocity call."""
+
+    output_codec: ClassVar[str]
+    lora_targets: ClassVar[tuple[str, ...]] = SD3_ATTENTION_TARGETS  # the MMDiT attention projections
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        self.transformer = transformer
+        self.snapshots = Snapshots()
+        self.lora: dict[str, Any] | None = None
+
+    def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
+        add_lora(self.transformer, rank=rank, alpha=alpha, targets=targets or self.lora_targets)
+        self.lora = {"rank": rank, "alpha": alpha, "targets": list(targets or self.lora_targets)}
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each transformer block's activations in backward instead of storing them."""
+        if enabled:
+            self.transformer.enable_gradient_checkpointing()
+        else:
+            self.transformer.disable_gradient_checkpointing()
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """LoRA, when present, is merged: ``transformer/`` is a plain diffusers transformer."""
+        path = Path(path)
+        network = merged_copy(self.transformer) if has_lora(self.transformer) else self.transformer
+        network.save_pretrained(path / "transformer", safe_serialization=True)
+        write_json_atomic(path / ADAPTER_FILE, self.describe())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "encoder": self.encoder_name,
+            "encoder_max_length": self.encoder_max_length,
+            "output_codec": self.output_codec,
+            "schedule": {
+                "kind": "flow-matching",
+                "shift": self.shift,
+                "prediction": "velocity (noise - x0)",
+            },
+            "latent_shape": list(self.latent_shape),
+            "trained_with_lora": self.lora,
+        }
+
+    def module(self) -> torch.nn.Module:
+        return self.transformer
+
+    @contextlib.contextmanager
+    def use_snapshot(self, name: str) -> Iterator[Self]:
+        with self.snapshots.swapped_in(name, self.transformer):
+            yield self
