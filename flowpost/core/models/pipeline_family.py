@@ -111,7 +111,12 @@ class PipelineFamily(TransformerAdapter):
         description = super().describe()
         description["schedule"]["scheduler"] = type(self.scheduler).__name__
         options = {name: getattr(self, name) for name in self.options}
-        return {**description, **options, "pretrained": self.source.to_dict()}
+        return {
+            **description,
+            **options,
+            "transformer_class": self.transformer_class,
+            "pretrained": self.source.to_dict(),
+        }
 
     def scheduler_sigmas(self, steps: int, image_seq_len: int, sigmas: np.ndarray | None = None) -> Tensor:
         """A fresh copy of the scheduler's sigmas after ``set_timesteps(steps, sigmas=...)``, with ``mu``
