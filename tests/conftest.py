@@ -66,6 +66,14 @@ def sd3_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def flux1_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random FLUX.1-dev diffusers pipeline folder (``tests/tiny_flux1_pipeline.py``)."""
+    from tiny_flux1_pipeline import build_tiny_flux1_pipeline
+
+    return build_tiny_flux1_pipeline(tmp_path_factory.mktemp("flux1") / "pipeline")
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 

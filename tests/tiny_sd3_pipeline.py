@@ -76,8 +76,9 @@ def t5_tokenizer() -> Any:
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=T5_LENGTH)
 
 
-def clip_encoder(width: int, vocab_size: int) -> Any:
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+def clip_encoder(width: int, vocab_size: int, *, projection: bool = True) -> Any:
+    """A random CLIP text encoder; ``projection``: with SD3's text projection, else FLUX's plain one."""
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(
         vocab_size=vocab_size,
@@ -91,7 +92,7 @@ def clip_encoder(width: int, vocab_size: int) -> Any:
         eos_token_id=1,
         pad_token_id=1,
     )
-    return CLIPTextModelWithProjection(config)
+    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
 
 
 def t5_encoder(vocab_size: int) -> Any:

@@ -84,7 +84,7 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"A `{model['family']}` flow-matching transformer ({manifest['weights']} weights after "
         f"{manifest['step']} optimizer steps), trained with flowpost.",
         "",
-        "- Transformer: `transformer/` (diffusers `SD3Transformer2DModel.from_pretrained`)",
+        f"- Transformer: `transformer/` (diffusers `{_transformer_class(model)}.from_pretrained`)",
         *_lora_lines(model),
         *(
             ["- Pipeline: this folder (`DiffusionPipeline.from_pretrained`)"]
@@ -114,6 +114,11 @@ def _lora_lines(model: dict[str, Any]) -> list[str]:
     if lora.get("base") == "pretrained":
         return [line + f'`pipe.load_lora_weights("lora")` on the stock pipeline `{model["pretrained"]["path"]}`']
     return [
-        line + f"on the weights in `{lora.get('base')}/` (`SD3Transformer2DModel.from_pretrained`): "
+        line + f"on the weights in `{lora.get('base')}/` (`{_transformer_class(model)}.from_pretrained`): "
         '`transformer.load_lora_adapter("lora", prefix="transformer", use_safetensors=True)`'
     ]
+
+
+def _transformer_class(model: dict[str, Any]) -> str:
+    """The diffusers class of ``transformer/``: the manifest's, else the SD3 transformer the tiny family uses."""
+    return model.get("transformer_class", "SD3Transformer2DModel")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
 
 from flowpost.core.conditions import NULL_PROMPT
@@ -24,9 +25,9 @@ from flowpost.tasks.runner import PRETRAINED, PipelineRun
 PROMPTS = ["a red cat", "a blue dog on a car"]
 
 
-def _config(folder: Path) -> ConditionsConfig:
+def _config(folder: Path, family: str = "sd3") -> ConditionsConfig:
     return ConditionsConfig.model_validate(
-        {"model": {"family": "sd3", "pretrained": str(folder)}, "datasets": ["x"], "max_length": T5_LENGTH}
+        {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["x"], "max_length": T5_LENGTH}
     )
 
 
@@ -40,6 +41,14 @@ def test_the_cache_holds_the_familys_encode_conditions_exactly(sd3_pipeline_dir:
     assert encoder_settings(tmp_path)["pretrained"] == str(sd3_pipeline_dir)
     again = cache_conditions(_config(sd3_pipeline_dir), [], tmp_path, extra_prompts=PROMPTS)
     assert (again["hits"], again["misses"]) == (3, 0)  # the null prompt too: each encoded once
+
+
+def test_the_flux1_cache_holds_its_encode_conditions(flux1_pipeline_dir: Path, tmp_path: Path) -> None:
+    summary = cache_conditions(_config(flux1_pipeline_dir, "flux1"), [], tmp_path, extra_prompts=PROMPTS)
+    assert (summary["encoder"], summary["pretrained"], summary["total"]) == ("flux1", str(flux1_pipeline_dir), 3)
+    expected = load_flux1_adapter(flux1_pipeline_dir).encode_conditions([NULL_PROMPT, *PROMPTS])
+    loaded = load_conditions(tmp_path, [NULL_PROMPT, *PROMPTS], encoder_fingerprint=summary["encoder_fingerprint"])
+    assert torch.equal(loaded.token_states, expected.token_states) and torch.equal(loaded.pooled, expected.pooled)
 
 
 def test_a_cache_of_variable_lengths_round_trips_with_its_shapes(sd3_pipeline_dir: Path, tmp_path: Path) -> None:

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
 
 from flowpost.core.io import write_json_atomic
-from flowpost.core.models.sd3_transformer import SD3TransformerAdapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
+from flowpost.core.models.transformer_adapter import TransformerAdapter
 from flowpost.core.sampling.ode import sample_ode
 from flowpost.tasks.export import export_stage
 
@@ -19,7 +20,7 @@ PROMPTS = ["a red cat", "a blue dog on a car"]
 STEPS, GUIDANCE = 4, 4.5
 
 
-def _perturbed_lora(adapter: SD3TransformerAdapter) -> SD3TransformerAdapter:
+def _perturbed_lora(adapter: TransformerAdapter) -> TransformerAdapter:
     """LoRA with alpha != rank (the scale must travel in the export) and nonzero B, as after training."""
     adapter.add_lora(rank=2, alpha=6.0)
     with torch.no_grad():
@@ -29,7 +30,7 @@ def _perturbed_lora(adapter: SD3TransformerAdapter) -> SD3TransformerAdapter:
     return adapter
 
 
-def _export(adapter: SD3TransformerAdapter, tmp_path: Path, formats: tuple[str, ...] = ("diffusers",)) -> Path:
+def _export(adapter: TransformerAdapter, tmp_path: Path, formats: tuple[str, ...] = ("diffusers",)) -> Path:
     train_dir, out = tmp_path / "train", tmp_path / "export"
     adapter.save_pretrained(train_dir / "final" / "live")
     write_json_atomic(train_dir / "final" / "progress.json", {"optimizer_step": 1})
@@ -70,19 +71,28 @@ def _noise(adapter: Any) -> torch.Tensor:
     return torch.randn(len(PROMPTS), *adapter.latent_shape, generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
-def test_the_stock_sd3_pipeline_generates_what_flowpost_samples(sd3_export, sd3_pipeline_dir: Path, route) -> None:
-    from diffusers import DiffusionPipeline, SD3Transformer2DModel, StableDiffusion3Pipeline
+def _stock_pipeline(route: str, export: Path, pretrained: Path, pipeline_class: Any, transformer_class: Any) -> Any:
+    """The stock pipeline with the export's ``lora/``, or its ``transformer/``, or the export folder itself."""
+    from diffusers import DiffusionPipeline
 
-    adapter, export = sd3_export
     if route == "lora":
-        pipe = StableDiffusion3Pipeline.from_pretrained(sd3_pipeline_dir)
+        pipe = pipeline_class.from_pretrained(pretrained)
         pipe.load_lora_weights(export / "lora")
     elif route == "transformer":
-        transformer = SD3Transformer2DModel.from_pretrained(export / "transformer")
-        pipe = StableDiffusion3Pipeline.from_pretrained(sd3_pipeline_dir, transformer=transformer)
+        transformer = transformer_class.from_pretrained(export / "transformer")
+        pipe = pipeline_class.from_pretrained(pretrained, transformer=transformer)
     else:
         pipe = DiffusionPipeline.from_pretrained(export)
+    assert isinstance(pipe, pipeline_class)
+    return pipe
+
+
+@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
+def test_the_stock_sd3_pipeline_generates_what_flowpost_samples(sd3_export, sd3_pipeline_dir: Path, route) -> None:
+    from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    adapter, export = sd3_export
+    pipe = _stock_pipeline(route, export, sd3_pipeline_dir, StableDiffusion3Pipeline, SD3Transformer2DModel)
     noise = _noise(adapter)
     expected = _flowpost_latents(adapter, noise)
     torch.testing.assert_close(_stock_latents(pipe, noise), expected, rtol=0, atol=1e-5)
@@ -90,10 +100,46 @@ def test_the_stock_sd3_pipeline_generates_what_flowpost_samples(sd3_export, sd3_
     assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
 
 
-def test_the_sd3_export_documents_its_folders(sd3_export) -> None:
-    _, export = sd3_export
+@pytest.fixture(scope="module")
+def flux1_export(flux1_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    adapter = _perturbed_lora(load_flux1_adapter(flux1_pipeline_dir))
+    return adapter, _export(adapter, tmp_path_factory.mktemp("flux1-export"), ("diffusers", "pipeline"))
+
+
+def _stock_flux1_latents(pipe: Any, noise: torch.Tensor, distilled_guidance: float) -> torch.Tensor:
+    options = {"num_inference_steps": STEPS, "guidance_scale": distilled_guidance, "max_sequence_length": T5_LENGTH}
+    size = {"height": RESOLUTION, "width": RESOLUTION}
+    return pipe(PROMPTS, latents=noise.clone(), output_type="latent", **size, **options).images
+
+
+@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
+def test_the_stock_flux_pipeline_generates_what_flowpost_samples(flux1_export, flux1_pipeline_dir, route) -> None:
+    from diffusers import FluxPipeline, FluxTransformer2DModel
+
+    adapter, export = flux1_export
+    pipe = _stock_pipeline(route, export, flux1_pipeline_dir, FluxPipeline, FluxTransformer2DModel)
+    noise = _noise(adapter)
+    state = adapter.prepare_condition_state(adapter.encode_conditions(PROMPTS))
+    with torch.no_grad():  # the distilled guidance only: no true CFG, as the stock pipeline by default
+        expected = sample_ode(adapter, noise, state, adapter.inference_sigmas(STEPS))
+    torch.testing.assert_close(
+        _stock_flux1_latents(pipe, noise, adapter.distilled_guidance), expected, rtol=0, atol=1e-5
+    )
+    untrained = _stock_flux1_latents(
+        FluxPipeline.from_pretrained(flux1_pipeline_dir), noise, adapter.distilled_guidance
+    )
+    assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
+
+
+@pytest.mark.parametrize(
+    ("exported", "transformer_class"),
+    [("sd3_export", "SD3Transformer2DModel"), ("flux1_export", "FluxTransformer2DModel")],
+)
+def test_a_pretrained_familys_export_documents_its_folders(request, exported: str, transformer_class: str) -> None:
+    _, export = request.getfixturevalue(exported)
     card = (export / "README.md").read_text()
     assert 'pipe.load_lora_weights("lora")' in card and "DiffusionPipeline.from_pretrained" in card
+    assert f"{transformer_class}.from_pretrained" in card
     assert not (export / "lora_base").exists()  # the LoRA sits on the pretrained pipeline's transformer
 
 

@@ -53,14 +53,14 @@ def without_lora(module: nn.Module) -> nn.Module:
     return merged_copy(module) if has_lora(module) else module
 
 
-def save_lora(module: nn.Module, folder: Path) -> None:
-    """The LoRA layers as diffusers writes them: ``pytorch_lora_weights.safetensors`` with ``transformer.``
-    keys and the PEFT config (rank, alpha, targets) in its metadata, which ``load_lora_weights`` and
-    ``load_lora_adapter`` read."""
-    from diffusers import StableDiffusion3Pipeline
+def save_lora(module: nn.Module, folder: Path, *, pipeline_class: str = "StableDiffusion3Pipeline") -> None:
+    """The LoRA layers as ``pipeline_class.save_lora_weights`` writes them: ``pytorch_lora_weights.safetensors``
+    with ``transformer.`` keys and the PEFT config (rank, alpha, targets) in its metadata, which
+    ``load_lora_weights`` and ``load_lora_adapter`` read."""
+    import diffusers
     from peft.utils import get_peft_model_state_dict
 
-    StableDiffusion3Pipeline.save_lora_weights(
+    getattr(diffusers, pipeline_class).save_lora_weights(
         folder,
         transformer_lora_layers=get_peft_model_state_dict(module),
         transformer_lora_adapter_metadata=module.peft_config["default"].to_dict(),  # type: ignore[index]

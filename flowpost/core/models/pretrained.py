@@ -28,16 +28,23 @@ class PretrainedSource:
         ``weights``: the component is a model, so ``variant`` and ``torch_dtype`` apply. A missing or
         unloadable component is one ``FlowpostError`` naming it and the pipeline.
         """
-        if Path(self.path).is_dir() and not (Path(self.path) / name).is_dir():
-            raise FlowpostError(f"the diffusers pipeline folder has no {name!r} component ({name}/)", where=self.path)
         options: dict[str, Any] = {"subfolder": name, "revision": self.revision}
         if weights:
             options["variant"] = self.variant
             if self.torch_dtype is not None:
                 dtype_key = "dtype" if loader.__module__.startswith("transformers") else "torch_dtype"
                 options[dtype_key] = getattr(torch, self.torch_dtype)
+        return self._read(name, loader, loader.from_pretrained, options)
+
+    def config(self, name: str, loader: Any) -> dict[str, Any]:
+        """Component ``name``'s config only (``loader.load_config``), without its weights."""
+        return dict(self._read(name, loader, loader.load_config, {"subfolder": name, "revision": self.revision}))
+
+    def _read(self, name: str, loader: Any, read: Any, options: dict[str, Any]) -> Any:
+        if Path(self.path).is_dir() and not (Path(self.path) / name).is_dir():
+            raise FlowpostError(f"the diffusers pipeline folder has no {name!r} component ({name}/)", where=self.path)
         try:
-            return loader.from_pretrained(self.path, **options)
+            return read(self.path, **options)
         except (OSError, ValueError) as error:
             raise FlowpostError(
                 f"cannot load its {name!r} component ({loader.__name__}): {error}", where=self.path

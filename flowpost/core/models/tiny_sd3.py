@@ -11,7 +11,8 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.io import read_json
 from flowpost.core.models.base import ADAPTER_FILE, DEFAULT_ENCODER_MAX_LENGTH
-from flowpost.core.models.sd3_transformer import SD3State, SD3TransformerAdapter
+from flowpost.core.models.sd3_transformer import SD3TransformerAdapter
+from flowpost.core.models.text_state import TextState
 from flowpost.core.seeding import seeded
 
 TRANSFORMER_DEFAULTS: dict[str, Any] = {
@@ -29,7 +30,7 @@ TRANSFORMER_DEFAULTS: dict[str, Any] = {
 }
 
 
-TinySD3State = SD3State  # the tiny family feeds the SD3 transformer as the sd3 family does
+TinySD3State = TextState  # the tiny family feeds the SD3 transformer as the sd3 family does
 
 
 class TinySD3Adapter(SD3TransformerAdapter):

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 
 from flowpost.core.callbacks.base import Callback
@@ -70,6 +71,14 @@ def sd3_data_dirs(tmp_path_factory: pytest.TempPathFactory, sd3_pipeline_dir: Pa
     """The demonstrations as 16x16 RGB images, their prompts encoded by the sd3 adapter."""
     encode = load_sd3_adapter(sd3_pipeline_dir).encode_conditions
     return write_stage_data(tmp_path_factory.mktemp("sd3-data"), image_shape=(3, 16, 16), encode=encode)
+
+
+@pytest.fixture(scope="session")
+def flux1_data_dirs(tmp_path_factory: pytest.TempPathFactory, flux1_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The demonstrations as RGB images at the tiny FLUX resolution, their prompts encoded by the flux1 adapter."""
+    encode = load_flux1_adapter(flux1_pipeline_dir).encode_conditions
+    shape = (3, RESOLUTION, RESOLUTION)
+    return write_stage_data(tmp_path_factory.mktemp("flux1-data"), image_shape=shape, encode=encode)
 
 
 def _registered_name(cls: type) -> str:

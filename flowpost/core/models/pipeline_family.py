@@ -1,0 +1,181 @@
+"""What the families loaded from a diffusers pipeline share (sd3, flux1): the source, the scheduler,
+the manifest round trip, the pipeline export, the VAE codec, the text encoders and the scheduler's
+inference sigmas."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from flowpost.core.conditions import ConditionBatch
+from flowpost.core.io import read_json
+from flowpost.core.models.base import ADAPTER_FILE
+from flowpost.core.models.lora import without_lora
+from flowpost.core.models.pipeline_prompts import PipelinePrompts
+from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.text_state import TextState
+from flowpost.core.models.transformer_adapter import TransformerAdapter
+from flowpost.core.sampling.schedules import flux_shift_mu
+from flowpost.errors import FlowpostError
+
+
+class PipelineFamily(TransformerAdapter):
+    """A diffusers pipeline's transformer and scheduler; the VAE and the text encoders load from the
+    source pipeline on first use (training from cached conditions never loads the text encoders; the
+    conditions node loads them alone through ``prompt_encoder``).
+
+    ``options`` name the constructor's keyword options the manifest records and ``from_pretrained``
+    restores.
+    """
+
+    transformer_class: ClassVar[str]  # the diffusers class of the ``transformer`` component
+    pipeline_class: ClassVar[str]  # the diffusers pipeline: its ``encode_prompt`` encodes conditions, it exports
+    text_models: ClassVar[tuple[tuple[str, str], ...]]  # see ``PromptFamily``
+    options: ClassVar[tuple[str, ...]] = ()
+    default_encoder_max_length: ClassVar[int]
+
+    def __init__(
+        self,
+        transformer: torch.nn.Module,
+        scheduler: Any,
+        source: PretrainedSource,
+        *,
+        encoder_max_length: int | None = None,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__(transformer)
+        self.scheduler = scheduler
+        self.source = source
+        self.shift = float(scheduler.config.shift)
+        self.encoder_max_length = encoder_max_length or self.default_encoder_max_length
+        self.set_gradient_checkpointing(gradient_checkpointing)
+
+    @classmethod
+    def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict | None = None) -> Self:
+        raise FlowpostError(f"the {cls.family} family starts from pretrained weights: set it", where="model.pretrained")
+
+    @classmethod
+    def _load(cls, source: PretrainedSource) -> tuple[torch.nn.Module, Any]:
+        import diffusers
+
+        transformer = source.load("transformer", getattr(diffusers, cls.transformer_class))
+        return transformer, source.load("scheduler", diffusers.FlowMatchEulerDiscreteScheduler, weights=False)
+
+    @classmethod
+    def from_pipeline(cls, source: PretrainedSource, **options: Any) -> Self:
+        """The transformer and scheduler of a diffusers pipeline (folder or hub id)."""
+        adapter = cls(*cls._load(source), source, **options)
+        adapter.transformer_is_pipelines = True
+        return adapter
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> Self:
+        """A folder ``save_pretrained`` wrote (its manifest names the source pipeline), or a pipeline folder."""
+        if not (Path(path) / ADAPTER_FILE).is_file():
+            return cls.from_pipeline(PretrainedSource(str(path)))
+        meta = read_json(Path(path) / ADAPTER_FILE, what="model adapter manifest")
+        source = PretrainedSource(**meta["pretrained"])
+        own = PretrainedSource(str(path), torch_dtype=source.torch_dtype)
+        options = {name: meta[name] for name in cls.options}
+        return cls(*cls._load(own), source, encoder_max_length=int(meta["encoder_max_length"]), **options)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """The transformer (LoRA merged) and scheduler as diffusers folders; the manifest names the source pipeline."""
+        super().save_pretrained(path)
+        self.scheduler.save_pretrained(Path(path) / "scheduler")
+
+    def save_pipeline(self, path: str | Path) -> None:
+        """The source pipeline with this transformer (LoRA merged) and scheduler, saved as one folder."""
+        import diffusers
+
+        network = without_lora(self.transformer)
+        options = {"revision": self.source.revision, "variant": self.source.variant}
+        if self.source.torch_dtype is not None:
+            options["torch_dtype"] = getattr(torch, self.source.torch_dtype)
+        try:
+            pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
+                self.source.path, transformer=network, scheduler=self.scheduler, **options
+            )
+        except (OSError, ValueError) as error:
+            raise FlowpostError(
+                f"cannot load the source pipeline to export: {error}", where=self.source.path
+            ) from error
+        pipeline.save_pretrained(path, safe_serialization=True)
+
+    def describe(self) -> dict[str, Any]:
+        description = super().describe()
+        description["schedule"]["scheduler"] = type(self.scheduler).__name__
+        options = {name: getattr(self, name) for name in self.options}
+        return {
+            **description,
+            **options,
+            "transformer_class": self.transformer_class,
+            "pretrained": self.source.to_dict(),
+        }
+
+    def scheduler_sigmas(self, steps: int, image_seq_len: int, sigmas: np.ndarray | None = None) -> Tensor:
+        """A fresh copy of the scheduler's sigmas after ``set_timesteps(steps, sigmas=...)``, with ``mu``
+        from the image token count when it shifts dynamically (fp32, CPU)."""
+        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        config = scheduler.config
+        options: dict[str, Any] = {} if sigmas is None else {"sigmas": sigmas}
+        if config.get("use_dynamic_shifting"):
+            options["mu"] = flux_shift_mu(
+                image_seq_len,
+                base_seq_len=config.base_image_seq_len,
+                max_seq_len=config.max_image_seq_len,
+                base_shift=config.base_shift,
+                max_shift=config.max_shift,
+            )
+        scheduler.set_timesteps(None if sigmas is not None else steps, **options)
+        return scheduler.sigmas.float().cpu()
+
+    @cached_property
+    def vae(self) -> torch.nn.Module:
+        from diffusers import AutoencoderKL
+
+        return self.source.load("vae", AutoencoderKL).eval().requires_grad_(False)
+
+    def vae_encode(self, media: Tensor) -> Tensor:
+        """Media in [0, 1] to latents: the VAE posterior's mean, then ``(x - shift) * scale``."""
+        vae = self.vae.to(media.device)
+        pixels = (media * 2.0 - 1.0).to(next(vae.parameters()).dtype)
+        latents = vae.encode(pixels).latent_dist.mode()
+        return ((latents - vae.config.shift_factor) * vae.config.scaling_factor).to(media.dtype)
+
+    def vae_decode(self, latents: Tensor) -> Tensor:
+        """Latents to media in [0, 1], as the stock pipelines decode (fp32 result)."""
+        vae = self.vae.to(latents.device)
+        scaled = latents / vae.config.scaling_factor + vae.config.shift_factor
+        pixels = vae.decode(scaled.to(next(vae.parameters()).dtype), return_dict=False)[0]
+        return (pixels.float() / 2.0 + 0.5).clamp(0.0, 1.0)
+
+    @classmethod
+    def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> PipelinePrompts:
+        return PipelinePrompts.for_conditions(cls, source, max_length=max_length)
+
+    @cached_property
+    def text_encoders(self) -> PipelinePrompts:
+        """The source pipeline's text encoders, loaded on the first ``encode_conditions``."""
+        return PipelinePrompts(type(self), self.source, self.encoder_max_length)
+
+    def encode_conditions(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
+        """As the stock pipeline's ``encode_prompt`` (``PipelinePrompts.encode``), at this model's T5 length."""
+        return self.text_encoders.encode(
+            prompts, max_length=self.encoder_max_length if max_length is None else max_length
+        )
+
+    @staticmethod
+    def prompt_embeddings(
+        pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
+    ) -> tuple[Tensor, Tensor]:
+        """Token states and pooled vectors from the family's ``pipeline.encode_prompt``."""
+        raise NotImplementedError
+
+    def prepare_condition_state(self, batch: ConditionBatch) -> TextState:
+        return TextState(batch.token_states, batch.pooled)

@@ -1,0 +1,82 @@
+"""What every family built on one diffusers transformer shares: snapshots, LoRA, gradient
+checkpointing, the manifest and the transformer and LoRA exports."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+import torch
+
+from flowpost.core.io import write_json_atomic
+from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR, ModelAdapter
+from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, base_copy, has_lora, merged_copy, save_lora
+from flowpost.core.roles import Snapshots
+
+
+class TransformerAdapter(ModelAdapter):
+    """A diffusers transformer as the trainable network; subclasses add conditions, latents and the velocity call."""
+
+    output_codec: ClassVar[str]
+    lora_targets: ClassVar[tuple[str, ...]] = SD3_ATTENTION_TARGETS  # the MMDiT attention projections
+    pipeline_class: ClassVar[str] = "StableDiffusion3Pipeline"  # the transformer's stock pipeline: writes ``lora/``
+    transformer_is_pipelines: bool = False  # the transformer is the source pipeline's own, untrained
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        self.transformer = transformer
+        self.snapshots = Snapshots()
+        self.lora: dict[str, Any] | None = None
+
+    def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
+        """Adapters on the current weights; ``lora["base"]`` says where an export finds those weights."""
+        add_lora(self.transformer, rank=rank, alpha=alpha, targets=targets or self.lora_targets)
+        base = "pretrained" if self.transformer_is_pipelines else f"{LORA_BASE_DIR}/transformer"
+        self.lora = {"rank": rank, "alpha": alpha, "targets": list(targets or self.lora_targets), "base": base}
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each transformer block's activations in backward instead of storing them."""
+        if enabled:
+            self.transformer.enable_gradient_checkpointing()
+        else:
+            self.transformer.disable_gradient_checkpointing()
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """LoRA, when present, is merged: ``transformer/`` is a plain diffusers transformer; ``lora/`` holds
+        the adapters alone in diffusers' LoRA format, and ``lora_base/transformer/`` the weights they sit on
+        unless those are the pretrained pipeline's."""
+        path = Path(path)
+        network = self.transformer
+        if has_lora(self.transformer):
+            save_lora(self.transformer, path / LORA_DIR, pipeline_class=self.pipeline_class)
+            if not self.transformer_is_pipelines:
+                base_copy(self.transformer).save_pretrained(
+                    path / LORA_BASE_DIR / "transformer", safe_serialization=True
+                )
+            network = merged_copy(self.transformer)
+        network.save_pretrained(path / "transformer", safe_serialization=True)
+        write_json_atomic(path / ADAPTER_FILE, self.describe())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "encoder": self.encoder_name,
+            "encoder_max_length": self.encoder_max_length,
+            "output_codec": self.output_codec,
+            "schedule": {
+                "kind": "flow-matching",
+                "shift": self.shift,
+                "prediction": "velocity (noise - x0)",
+            },
+            "latent_shape": list(self.latent_shape),
+            "trained_with_lora": self.lora,
+        }
+
+    def module(self) -> torch.nn.Module:
+        return self.transformer
+
+    @contextlib.contextmanager
+    def use_snapshot(self, name: str) -> Iterator[Self]:
+        with self.snapshots.swapped_in(name, self.transformer):
+            yield self

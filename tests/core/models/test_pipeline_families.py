@@ -1,0 +1,57 @@
+"""What every family loaded from a diffusers pipeline folder does alike (sd3, flux1)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from tiny_flux1_pipeline import load_flux1_adapter
+from tiny_sd3_pipeline import load_sd3_adapter
+
+from flowpost.core.models.pipeline_family import PipelineFamily
+
+PROMPTS = ["a red cat", "a blue dog on a car"]
+LOADERS = {"sd3": (load_sd3_adapter, "sd3_pipeline_dir"), "flux1": (load_flux1_adapter, "flux1_pipeline_dir")}
+
+
+@pytest.fixture(params=sorted(LOADERS))
+def load(request: pytest.FixtureRequest) -> Any:
+    """``load(**source_options)``: the family's tiny pipeline folder through the registry."""
+    loader, folder = LOADERS[request.param]
+    return lambda **options: loader(request.getfixturevalue(folder), **options)
+
+
+def _velocity(adapter: PipelineFamily, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    noise = torch.randn(len(PROMPTS), *adapter.latent_shape, generator=torch.Generator().manual_seed(0))
+    state = adapter.prepare_condition_state(adapter.encode_conditions(PROMPTS))
+    return adapter.velocity(noise.to(dtype), torch.tensor(0.5), state)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(load: Any) -> None:
+    grads = []
+    for enabled in (False, True):
+        adapter = load()
+        adapter.module().train()
+        adapter.set_gradient_checkpointing(enabled)
+        assert adapter.module().is_gradient_checkpointing is enabled
+        _velocity(adapter).square().mean().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in adapter.module().parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-6)
+
+
+def test_torch_dtype_reaches_the_weights_and_the_velocity(load: Any) -> None:
+    adapter = load(torch_dtype="bfloat16")
+    assert next(adapter.module().parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        assert _velocity(adapter, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_vae_round_trip_shapes(load: Any) -> None:
+    adapter = load()
+    media = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        latents = adapter.encode_output_state(media)
+        images = adapter.decode(latents)
+    assert latents.shape == (3, *adapter.latent_shape) and latents.dtype == media.dtype
+    assert images.shape == media.shape and 0.0 <= float(images.min()) <= float(images.max()) <= 1.0
