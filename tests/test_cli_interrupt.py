@@ -12,7 +12,6 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import tiny_pipeline_dict
 
 from flowpost.core.events import read_events
 
@@ -73,8 +72,8 @@ def _stopped(run: subprocess.Popen[str], processes: list[psutil.Process], ports:
 
 
 @pytest.mark.slow
-def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path) -> None:
-    config = tiny_pipeline_dict(max_steps=100_000, checkpoint_every=5)
+def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path, tiny_pipeline) -> None:
+    config = tiny_pipeline(max_steps=100_000, checkpoint_every=5)
     config["smoke"] = False
     pipeline = tmp_path / "long.yaml"
     pipeline.write_text(yaml.safe_dump(config))
