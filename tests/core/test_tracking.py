@@ -23,7 +23,7 @@ def test_metrics_are_logged_every_log_every_steps_and_at_the_final_step(tmp_path
     callback = TrackingCallback([], tmp_path)
     recorder = _Recorder()
     callback.trackers = [recorder]
-    trainer = SimpleNamespace(args=SimpleNamespace(log_every=5, budget=12), progress=SimpleNamespace())
+    trainer = SimpleNamespace(args=SimpleNamespace(log_every=5), budget=12, progress=SimpleNamespace())
     for step in range(1, 13):
         trainer.progress.optimizer_step = trainer.completed_units = step
         callback.on_step_end(trainer, {"loss": 1.0})  # type: ignore[arg-type]

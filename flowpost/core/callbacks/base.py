@@ -27,6 +27,9 @@ class TrainerView(Protocol):
     args: Any
 
     @property
+    def budget(self) -> int: ...
+
+    @property
     def completed_units(self) -> int: ...
 
 

@@ -94,7 +94,7 @@ class TrackingCallback(Callback):
     def on_step_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         step = trainer.progress.optimizer_step
         done = trainer.completed_units
-        if done % trainer.args.log_every == 0 or done == trainer.args.budget:
+        if done % trainer.args.log_every == 0 or done == trainer.budget:
             for tracker in self.trackers:
                 tracker.log(metrics, step)
 

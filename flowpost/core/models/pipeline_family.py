@@ -4,6 +4,7 @@ inference sigmas."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -171,11 +172,11 @@ class PipelineFamily(TransformerAdapter):
         )
 
     @staticmethod
+    @abstractmethod
     def prompt_embeddings(
         pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
     ) -> tuple[Tensor, Tensor]:
         """Token states and pooled vectors from the family's ``pipeline.encode_prompt``."""
-        raise NotImplementedError
 
     def prepare_condition_state(self, batch: ConditionBatch) -> TextState:
         return TextState(batch.token_states, batch.pooled)

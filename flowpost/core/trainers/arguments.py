@@ -36,11 +36,6 @@ class TrainerArguments(StrictModel):
         3, ge=1, description="optimizer steps in a row with a non-finite loss or gradients before the stage stops"
     )
 
-    @property
-    def budget(self) -> int:
-        """Budget units of the stage (optimizer steps or rollout iterations)."""
-        raise NotImplementedError
-
     def smoke(self) -> TrainerArguments:
         """A copy with every budget cut to a few units, for wiring checks."""
         return self.model_copy(

@@ -143,6 +143,11 @@ class BaseTrainer(ABC):
     # -- what the trainer type defines ---------------------------------------------------------
     @property
     @abstractmethod
+    def budget(self) -> int:
+        """Budget units of the stage: optimizer steps (dataset) or rollout iterations (generation)."""
+
+    @property
+    @abstractmethod
     def completed_units(self) -> int:
         """Budget units done: optimizer steps (dataset) or rollout iterations (generation)."""
 
@@ -156,7 +161,7 @@ class BaseTrainer(ABC):
         self._seed_everything()
         resumed = self._resume() if self.spec.resume else None
         self.callbacks.on_train_start(self)
-        budget, ranks, layout = self.args.budget, self.accelerator.num_processes, self.parallel.name
+        budget, ranks, layout = self.budget, self.accelerator.num_processes, self.parallel.name
         moved = resumed is not None and (resumed.world_size, resumed.layout) != (ranks, layout)
         self.events.write(
             StartEvent(

@@ -37,6 +37,10 @@ class DatasetTrainer(BaseTrainer):
         """``{"loss": scalar, ...metrics}`` of one micro-batch (the loop backpropagates the loss)."""
 
     @property
+    def budget(self) -> int:
+        return self.args.budget
+
+    @property
     def completed_units(self) -> int:
         return self.progress.optimizer_step
 

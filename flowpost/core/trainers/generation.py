@@ -54,6 +54,10 @@ class GenerationTrainer(BaseTrainer):
         """Update the policy from one cycle's samples; return the cycle's metrics."""
 
     @property
+    def budget(self) -> int:
+        return self.args.budget
+
+    @property
     def completed_units(self) -> int:
         return self.progress.rollout_iteration
 
