@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 
 from flowpost.core.models.pipeline_family import PipelineFamily
+from flowpost.errors import FlowpostError
 
 PROMPTS = ["a red cat", "a blue dog on a car"]
 LOADERS = {"sd3": (load_sd3_adapter, "sd3_pipeline_dir"), "flux1": (load_flux1_adapter, "flux1_pipeline_dir")}
@@ -55,3 +58,23 @@ def test_vae_round_trip_shapes(load: Any) -> None:
         images = adapter.decode(latents)
     assert latents.shape == (3, *adapter.latent_shape) and latents.dtype == media.dtype
     assert images.shape == media.shape and 0.0 <= float(images.min()) <= float(images.max()) <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("family", "component"),
+    [
+        *[("sd3", c) for c in ("transformer", "vae", "text_encoder_3")],
+        *[("flux1", c) for c in ("transformer", "scheduler", "vae", "text_encoder_2")],
+    ],
+)
+def test_a_missing_component_names_itself_and_the_folder(
+    request: pytest.FixtureRequest, tmp_path: Path, family: str, component: str
+) -> None:
+    loader, fixture = LOADERS[family]
+    folder = tmp_path / "broken"
+    shutil.copytree(request.getfixturevalue(fixture), folder, ignore=shutil.ignore_patterns(component))
+    with pytest.raises(FlowpostError) as info:  # the transformer (and scheduler) load first, the rest on use
+        adapter = loader(folder)
+        adapter.decode(torch.randn(len(PROMPTS), *adapter.latent_shape, generator=torch.Generator().manual_seed(0)))
+        adapter.encode_conditions(PROMPTS)
+    assert f"{component!r}" in str(info.value) and str(folder) in str(info.value)
