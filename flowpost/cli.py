@@ -63,6 +63,7 @@ def run(
 
     from flowpost.core.config.loading import pipeline_to_dict
     from flowpost.core.process_group import export_topology
+    from flowpost.flows.api import check_prefect_api
     from flowpost.tasks.interrupts import stop_run_on_signals
     from flowpost.tasks.workspace_lock import workspace_lock
 
@@ -70,6 +71,7 @@ def run(
     export_topology(num_machines, machine_rank, main_process_ip, main_process_port)
     _quiet_prefect_defaults()
     # the lock is taken before a temporary Prefect server starts; a signal stops that server too
+    check_prefect_api()
     with stop_run_on_signals(), workspace_lock(workspace, "flowpost run"):
         from flowpost.flows.pipeline import pipeline_flow
 
@@ -82,8 +84,9 @@ def run(
             retry_delay_seconds=retry_delay,
         )
     table = Table(title=f"pipeline {config.name} in {workspace}")
-    for column in ("node", "status", "seconds", "folder"):
+    for column in ("node", "status", "seconds"):
         table.add_column(column)
+    table.add_column("folder", overflow="fold")
     for result in results:
         table.add_row(result.node, result.status, f"{result.seconds:.1f}", str(result.path))
     console = Console()
@@ -153,8 +156,9 @@ def plan(
 
     config = _load(pipeline, set_, smoke=smoke)
     table = Table(title=f"plan of pipeline {config.name} in {workspace}")
-    for column in ("node", "status", "why"):
-        table.add_column(column)
+    table.add_column("node")
+    table.add_column("status")
+    table.add_column("why", overflow="fold")
     for row in plan_run(PipelineRun(config, workspace), refresh=refresh):
         table.add_row(row.node, row.status, row.reason)
     Console(width=160).print(table)

@@ -142,3 +142,15 @@ def read_json(path: str | Path, *, what: str = "file") -> Any:
         raise FlowpostError(f"{what} not found; was the step that writes it run?", where=str(path)) from None
     except json.JSONDecodeError as exc:
         raise FlowpostError(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno})", where=str(path)) from None
+    except UnicodeDecodeError:
+        raise FlowpostError(f"{what} is not UTF-8 text", where=str(path)) from None
+
+
+def read_json_object(path: str | Path, *, what: str = "file") -> dict[str, Any]:
+    """``read_json`` of a file that must hold one JSON object (a manifest, a record)."""
+    from flowpost.errors import FlowpostError
+
+    value = read_json(path, what=what)
+    if not isinstance(value, dict):
+        raise FlowpostError(f"{what} holds a JSON {type(value).__name__}, not an object", where=str(path))
+    return value

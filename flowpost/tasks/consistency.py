@@ -19,6 +19,7 @@ def stage_consistency(pipeline: PipelineConfig, workspace: Path, stage: str) -> 
     node = run.node(f"train.{stage}")
     missing = [dep for dep in node.deps if not run.is_complete(dep)]
     if missing:
-        raise FlowpostError(f"run {', '.join(missing)} first (flowpost stage NODE)", where=str(workspace))
+        smoke_hint = "" if pipeline.smoke else "; after `flowpost run --smoke`, pass `--set smoke=true` here too"
+        raise FlowpostError(f"run {', '.join(missing)} first (flowpost stage NODE){smoke_hint}", where=str(workspace))
     with tempfile.TemporaryDirectory() as scratch:
         return check_consistency(build_trainer(run.train_spec(stage, Path(scratch), resume=False)))

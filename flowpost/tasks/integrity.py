@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flowpost.core.io import hash_mismatch, read_json, sha256_file
+from flowpost.core.io import hash_mismatch, read_json_object, sha256_file
 from flowpost.tasks.graph import NodeKind
 
 COMPLETE = "_complete.json"
@@ -27,7 +27,7 @@ def output_hashes(folder: Path, kind: NodeKind) -> dict[str, str]:
 def completed_damage(folder: Path) -> str | None:
     """Why the outputs of the completed node in ``folder`` cannot be used (a file missing or changed
     since it completed), or None; a manifest written before outputs were hashed records no files."""
-    files = read_json(folder / COMPLETE, what="completion manifest").get("files", {})
+    files = read_json_object(folder / COMPLETE, what="completion manifest").get("files", {})
     if not isinstance(files, dict):
         return f"{COMPLETE} lists no file hashes"
     return hash_mismatch(folder, files)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowpost.core.io import read_json
+from flowpost.core.io import read_json_object
 from flowpost.errors import FlowpostError
 from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.runner import COMPLETE, PipelineRun
@@ -73,7 +73,7 @@ def _latest_completed(node_dir: Path) -> dict[str, Any] | None:
         return None
     newest = max(manifests, key=lambda m: m.stat().st_mtime)
     try:
-        return read_json(newest, what="completion manifest")
+        return read_json_object(newest, what="completion manifest")
     except FlowpostError:
         return None
 

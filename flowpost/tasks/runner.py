@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import ModelConfig, PipelineConfig
-from flowpost.core.io import read_json, sha256_json, write_bytes_atomic, write_json_atomic
+from flowpost.core.io import read_json, read_json_object, sha256_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.trainers.spec import StageSpec
@@ -55,6 +55,7 @@ from flowpost.tasks.promote import (
 from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
 from flowpost.tasks.weights import stage_weights
+from flowpost.tasks.workspace import checked_workspace
 
 log = get_logger(__name__)
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
@@ -80,7 +81,7 @@ class PipelineRun:
 
     def __init__(self, pipeline: PipelineConfig, workspace: str | Path, *, layout: Layout = "content") -> None:
         self.pipeline = pipeline
-        self.workspace = Path(workspace).resolve()
+        self.workspace = checked_workspace(workspace)
         self.layout = layout
         self.promoted = read_promoted(self.workspace)
         self.nodes = {node.id: node for node in build_nodes(pipeline)}
@@ -150,7 +151,7 @@ class PipelineRun:
         if self.is_complete(node_id) and not (refresh or force):
             problem = self.damage(node_id)
             if problem is None:
-                done = read_json(out / COMPLETE, what="completion manifest")
+                done = read_json_object(out / COMPLETE, what="completion manifest")
                 return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
             log.warning("%s is damaged (%s since it completed); running it again", out, problem)
         for dep in node.deps:
@@ -329,7 +330,7 @@ HANDLERS: dict[NodeKind, Callable[[NodeCall], dict[str, Any]]] = {
 def _recorded_fingerprint(manifest: Path) -> str | None:
     """The fingerprint a completion or attempt manifest records (None when absent or unreadable)."""
     try:
-        return read_json(manifest, what="node manifest").get("fingerprint")
+        return read_json_object(manifest, what="node manifest").get("fingerprint")
     except FlowpostError:
         return None
 

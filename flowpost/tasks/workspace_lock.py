@@ -24,6 +24,7 @@ from typing import Any
 from flowpost.core.logging import get_logger
 from flowpost.core.process_group import Topology
 from flowpost.errors import FlowpostError
+from flowpost.tasks.workspace import checked_workspace
 
 log = get_logger(__name__)
 LOCK_FILE = ".flowpost.lock"
@@ -38,7 +39,7 @@ def workspace_lock(workspace: str | Path, command: str) -> Iterator[None]:
     if Topology.from_env().machine_rank != 0:
         yield
         return
-    path = Path(workspace).resolve() / LOCK_FILE
+    path = checked_workspace(workspace) / LOCK_FILE
     with _guard:
         entry = _held.setdefault(path, [-1, 0])
         if entry[1] == 0:
