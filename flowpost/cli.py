@@ -310,7 +310,8 @@ def reward_server(
     """
     import yaml
 
-    from flowpost.core.rewards.server import MIB, Limits, serve_registered_reward
+    from flowpost.core.rewards.score_app import MIB, Limits
+    from flowpost.core.rewards.server import serve_registered_reward
 
     where = "flowpost reward-server"
     options = {}

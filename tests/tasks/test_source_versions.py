@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -10,19 +9,13 @@ import pytest
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.rewards.registry import build_reward
 from flowpost.core.rewards.remote import RemoteReward
-from flowpost.core.rewards.server import serve_reward
+from flowpost.core.rewards.server import RewardServer, serve_reward
 from flowpost.errors import FlowpostError
 from flowpost.tasks.runner import PipelineRun
 
 
-@pytest.fixture
-def reward_server():  # noqa: ANN201
-    server = serve_reward(build_reward("jpeg_incompressibility", options={}, where="test"), version="model-a")
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def _served(version: str, port: int = 0) -> RewardServer:
+    return serve_reward(build_reward("jpeg_incompressibility", options={}, where="test"), port=port, version=version)
 
 
 def _pipeline(tiny_pipeline, options: dict) -> object:
@@ -38,16 +31,19 @@ def _pipeline(tiny_pipeline, options: dict) -> object:
     return validate_pipeline(config)
 
 
-def test_a_new_served_version_reruns_exactly_the_stages_it_rewards(reward_server, tiny_pipeline, tmp_path: Path):
-    pipeline = _pipeline(tiny_pipeline, {"url": reward_server.url})
-    assert RemoteReward(reward_server.url).served_version() == "model-a"
-    before = PipelineRun(pipeline, tmp_path).fingerprints
-    assert PipelineRun(pipeline, tmp_path).fingerprints == before
-    reward_server.version = "model-b"
-    after = PipelineRun(pipeline, tmp_path).fingerprints
-    changed = {node for node in before if before[node] != after[node]}
-    assert changed == {"train.grpo", "export", "report"}
-    assert PipelineRun(pipeline, tmp_path).inputs["train.grpo"]["sources"] == {"rewards.0": "model-b"}
+def test_a_new_served_version_reruns_exactly_the_stages_it_rewards(tiny_pipeline, tmp_path: Path) -> None:
+    first = _served("model-a")
+    pipeline = _pipeline(tiny_pipeline, {"url": first.url})
+    with first.running():
+        assert RemoteReward(first.url).served_version() == "model-a"
+        before = PipelineRun(pipeline, tmp_path).fingerprints
+        assert PipelineRun(pipeline, tmp_path).fingerprints == before
+    redeployed = _served("model-b", port=first.port)
+    with redeployed.running():  # the same address, another model
+        after = PipelineRun(pipeline, tmp_path).fingerprints
+        changed = {node for node in before if before[node] != after[node]}
+        assert changed == {"train.grpo", "export", "report"}
+        assert PipelineRun(pipeline, tmp_path).inputs["train.grpo"]["sources"] == {"rewards.0": "model-b"}
 
 
 def test_a_pinned_version_needs_no_server(tiny_pipeline, tmp_path: Path) -> None:

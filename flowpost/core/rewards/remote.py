@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import base64
-import http.client
 import io
 import json
 import math
 import os
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
+import httpx
 import torch
 from PIL import Image
 from torch import Tensor
@@ -40,16 +38,6 @@ def encode_images(media: Tensor, image_format: str = "png") -> list[str]:
         )
         encoded.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
     return encoded
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """Hands every 3xx back as an ``HTTPError``: a redirect would carry the token elsewhere."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def _without_secrets(url: str) -> str:
@@ -126,6 +114,7 @@ class RemoteReward:
         self.token_env = token_env
         self.image_format = image_format
         self.version = version
+        self._http: httpx.Client | None = None
         self._token()  # fail at construction, not at the first batch
 
     def _token(self) -> str | None:
@@ -168,7 +157,7 @@ class RemoteReward:
         return str(version) if version is not None else "unversioned"
 
     def _send(self, url: str, body: bytes | None) -> bytes:
-        """POST ``body`` (GET when None) with retries; the raw answer."""
+        """POST ``body`` (GET when None) with retries and exponential backoff; the raw answer."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         token = self._token()
         if token is not None:
@@ -177,32 +166,40 @@ class RemoteReward:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
-            method = "GET" if body is None else "POST"
-            request = urllib.request.Request(url, data=body, headers=headers, method=method)
             try:
-                with _OPENER.open(request, timeout=self.timeout) as response:
-                    return response.read()
-            except urllib.error.HTTPError as exc:
-                if 300 <= exc.code < 400:
-                    target = _without_secrets(urljoin(url, exc.headers.get("Location", "")))
-                    raise FlowpostError(
-                        f"reward server redirected (HTTP {exc.code}) to {target}; redirects are not followed "
-                        "for scoring: set the reward's url to the address that answers",
-                        where=self.where,
-                    ) from None
-                detail = _error_detail(exc.read())
-                if exc.code < 500:
-                    raise FlowpostError(
-                        f"reward server answered HTTP {exc.code} {exc.reason}: {detail}", where=self.where
-                    ) from None
-                last_error = f"HTTP {exc.code} {exc.reason}: {detail}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
-                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-                last_error = f"{type(reason).__name__}: {reason}" if str(reason) else type(reason).__name__
+                if body is None:
+                    response = self._client().get(url, headers=headers)
+                else:
+                    response = self._client().post(url, content=body, headers=headers)
+            except httpx.TransportError as exc:
+                last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                continue
+            if response.is_redirect:
+                target = _without_secrets(urljoin(url, response.headers.get("Location", "")))
+                raise FlowpostError(
+                    f"reward server redirected (HTTP {response.status_code}) to {target}; redirects are not "
+                    "followed for scoring: set the reward's url to the address that answers",
+                    where=self.where,
+                )
+            if response.is_success:
+                return response.content
+            status = f"HTTP {response.status_code} {response.reason_phrase}: {_error_detail(response.content)}"
+            if response.status_code < 500:
+                raise FlowpostError(f"reward server answered {status}", where=self.where)
+            last_error = status
         raise TransientError(
             f"reward server failed {self.retries + 1} attempts (1 + {self.retries} retries); last error: {last_error}",
             where=self.where,
         )
+
+    def _client(self) -> httpx.Client:
+        """One pooled client per reward, created on first use (redirects are never followed)."""
+        if self._http is None:
+            self._http = httpx.Client(timeout=self.timeout, follow_redirects=False)
+        return self._http
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_http": None}  # connections do not travel
 
     def _json(self, raw: bytes) -> Any:
         try:

@@ -1,17 +1,17 @@
-"""Parse and validate a ``POST /score`` body; what the client got wrong is a ``BadRequest``."""
+"""The ``POST /score`` body model and its decoding; what the client got wrong is a ``BadRequest``."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import io
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
 
@@ -32,9 +32,9 @@ class ScoreRequest:
     metadata: list[dict[str, Any]]
 
 
-def decode_images(images: Any, *, max_batch: int) -> Tensor:
+def decode_images(images: list[str], *, max_batch: int) -> Tensor:
     """[B, C, H, W] float32 in [0, 1] from base64 images of one size (C = 1 for grayscale, else 3)."""
-    if not isinstance(images, list) or not images:
+    if not images:
         raise BadRequest('"images" must be a non-empty list of base64 strings')
     if len(images) > max_batch:
         raise BadRequest(
@@ -57,20 +57,23 @@ def decode_images(images: Any, *, max_batch: int) -> Tensor:
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255
 
 
-def parse_score_request(body: bytes, *, max_batch: int) -> ScoreRequest:
-    """The batch in a JSON ``{"prompts", "metadata", "images"}`` body, one entry per sample."""
-    try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"body is not JSON ({exc})") from None
-    if not isinstance(request, dict):
-        raise BadRequest('body must be a JSON object with "prompts", "metadata" and "images"')
-    media = decode_images(request.get("images"), max_batch=max_batch)
+class ScoreBody(BaseModel):
+    """The JSON body of ``POST /score``: one prompt, metadata object and base64 image per sample."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    prompts: list[str]
+    images: list[str]
+    metadata: list[dict[str, Any]] | None = None
+
+
+def parse_score_request(body: ScoreBody, *, max_batch: int) -> ScoreRequest:
+    """The batch in a validated body: images decoded, one prompt and metadata object per image."""
+    media = decode_images(body.images, max_batch=max_batch)
     batch = media.shape[0]
-    prompts = request.get("prompts")
-    if not isinstance(prompts, list) or len(prompts) != batch or not all(isinstance(p, str) for p in prompts):
+    if len(body.prompts) != batch:
         raise BadRequest(f'"prompts" must be a list of {batch} strings, one per image')
-    metadata = request.get("metadata", [{} for _ in range(batch)])
-    if not isinstance(metadata, list) or len(metadata) != batch or not all(isinstance(m, dict) for m in metadata):
+    metadata = body.metadata if body.metadata is not None else [{} for _ in range(batch)]
+    if len(metadata) != batch:
         raise BadRequest(f'"metadata" must be a list of {batch} objects, one per image')
-    return ScoreRequest(media, prompts, metadata)
+    return ScoreRequest(media, body.prompts, metadata)

@@ -1,4 +1,4 @@
-"""Serve any reward over HTTP for ``RemoteReward``.
+"""Serve any reward over HTTP for ``RemoteReward``: a FastAPI app run by uvicorn.
 
 ``POST /score`` takes ``{"prompts": [str], "metadata": [object], "images": [base64 image]}`` (one
 entry per sample; PNG or JPEG, all the same size, grayscale or RGB) and answers
@@ -6,39 +6,32 @@ entry per sample; PNG or JPEG, all the same size, grayscale or RGB) and answers
 without a token; clients fingerprint the version, so changing it reruns what the reward trained.
 Errors are JSON ``{"error": MESSAGE}``: 400 for bad requests (including inputs the reward refuses,
 such as a label out of range), 401 for a missing or wrong token, 413 for a body or batch over the
-server's ``Limits``, 500 when the reward itself fails.
+server's ``Limits``, 500 when the reward itself fails, 503 when more requests are open than the
+server holds.
 """
 
 from __future__ import annotations
 
-import hmac
+import contextlib
 import ipaddress
-import json
 import logging
+import socket
 import threading
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections.abc import Iterator
 from typing import Any
+
+import uvicorn
 
 from flowpost.core.io import sha256_json
 from flowpost.core.rewards.base import Reward
 from flowpost.core.rewards.registry import build_reward
-from flowpost.core.rewards.score_request import BadRequest, parse_score_request
+from flowpost.core.rewards.score_app import Limits, score_app
 from flowpost.errors import FlowpostError
 
 logger = logging.getLogger(__name__)
 
-
-MIB = 1 << 20
-_DRAIN_CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The largest ``POST /score`` body (bytes) and batch (images) the server accepts."""
-
-    max_body_bytes: int = 256 * MIB
-    max_batch: int = 1024
+STARTUP_TIMEOUT_S = 10.0
 
 
 def is_loopback(host: str) -> bool:
@@ -51,116 +44,53 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class RewardServer(ThreadingHTTPServer):
-    """A threading HTTP server holding one reward; scoring calls are serialised by a lock."""
+class RewardServer:
+    """One reward behind uvicorn on a socket bound at construction (so its port is known at once)."""
 
-    def __init__(
-        self, address: tuple[str, int], reward: Reward, token: str | None, version: str, limits: Limits
-    ) -> None:
-        super().__init__(address, RewardHandler)
+    def __init__(self, reward: Reward, sock: socket.socket, *, token: str | None, version: str, limits: Limits) -> None:
         self.reward = reward
-        self.token = token
         self.version = version
-        self.limits = limits
-        self.score_lock = threading.Lock()
+        self.socket = sock
+        host, self.port = sock.getsockname()[:2]
+        self.url = f"http://{host}:{self.port}/score"  # the scoring endpoint
+        app = score_app(reward, token=token, version=version, limits=limits)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            limit_concurrency=limits.max_open_requests,
+            timeout_keep_alive=60,
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
 
     def serve_until_interrupted(self) -> None:
-        """Answer requests until Ctrl-C, then close the socket."""
+        """Answer requests in the foreground until SIGINT or SIGTERM, then close the socket."""
         try:
-            self.serve_forever()
-        except KeyboardInterrupt:
-            pass
+            self._server.run(sockets=[self.socket])
         finally:
-            self.server_close()
+            self.close()
 
-    @property
-    def url(self) -> str:
-        """The scoring endpoint, e.g. ``http://127.0.0.1:8765/score``."""
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}/score"
-
-
-class RewardHandler(BaseHTTPRequestHandler):
-    """Answers ``GET /health`` and ``POST /score`` for the server's reward."""
-
-    server: RewardServer
-    protocol_version = "HTTP/1.1"
-    timeout = 60  # seconds a stalled client may hold a connection's socket read
-
-    def do_GET(self) -> None:
-        if self.path != "/health":
-            self._answer(404, {"error": f"no such endpoint: GET {self.path}"})
-            return
-        self._answer(200, {"ok": True, "reward": self.server.reward.name, "version": self.server.version})
-
-    def do_POST(self) -> None:
+    @contextlib.contextmanager
+    def running(self) -> Iterator[RewardServer]:
+        """Answer requests from a background thread while the block runs; stop and close after it."""
+        thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not self._server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                self.close()
+                raise FlowpostError("the reward server did not start", where=self.url)
+            time.sleep(0.01)
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0:
-            self.close_connection = True
-            self._answer(400, {"error": "bad Content-Length header"})
-            return
-        limit = self.server.limits.max_body_bytes
-        if length > limit:
-            self._drain(length)
-            message = (
-                f"request body of {length} bytes is over this server's limit of {limit} bytes; send smaller "
-                "batches or start the server with a larger --max-body-mb"
-            )
-            self._answer(413, {"error": message})
-            return
-        body = self.rfile.read(length)
-        if self.path != "/score":
-            self._answer(404, {"error": f"no such endpoint: POST {self.path}"})
-            return
-        if not self._authorised():
-            self._answer(401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
-            return
-        try:
-            request = parse_score_request(body, max_batch=self.server.limits.max_batch)
-            with self.server.score_lock:
-                scores = self.server.reward(request.media, request.prompts, request.metadata)
-        except BadRequest as exc:
-            self._answer(exc.status, {"error": str(exc)})
-            return
-        except FlowpostError as exc:
-            self._answer(400, {"error": str(exc)})
-            return
-        except Exception:
-            logger.exception("reward %s failed", self.server.reward.name)
-            self._answer(500, {"error": f"reward {self.server.reward.name!r} failed; see the server log"})
-            return
-        batch = request.media.shape[0]
-        if scores.shape != (batch,):
-            self._answer(500, {"error": f"reward returned shape {tuple(scores.shape)}, expected ({batch},)"})
-            return
-        self._answer(200, {"scores": scores.detach().float().cpu().tolist()})
+            yield self
+        finally:
+            self._server.should_exit = True
+            thread.join(STARTUP_TIMEOUT_S)
+            self.close()
 
-    def _drain(self, length: int) -> None:
-        """Read and discard ``length`` body bytes, so the client reads the answer instead of a reset."""
-        while length > 0 and (chunk := self.rfile.read(min(length, _DRAIN_CHUNK))):
-            length -= len(chunk)
-
-    def _authorised(self) -> bool:
-        if self.server.token is None:
-            return True
-        expected = f"Bearer {self.server.token}".encode()
-        return hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected)
-
-    def _answer(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.info("%s %s", self.address_string(), format % args)
+    def close(self) -> None:
+        """Close the listening socket (idempotent)."""
+        self.socket.close()
 
 
 def serve_reward(
@@ -172,7 +102,8 @@ def serve_reward(
     version: str | None = None,
     limits: Limits | None = None,
 ) -> RewardServer:
-    """A bound server for ``reward`` (port 0: any free port); run ``serve_forever()`` to answer requests.
+    """A bound server for ``reward`` (port 0: any free port); ``running()`` or
+    ``serve_until_interrupted()`` answers requests.
 
     With ``token``, ``POST /score`` requires ``Authorization: Bearer <token>``; a ``host`` other than
     loopback requires a token. ``version`` (default: the reward's name) is what ``GET /health``
@@ -185,9 +116,17 @@ def serve_reward(
             where="reward server",
         )
     try:
-        return RewardServer((host, port), reward, token, version or reward.name, limits or Limits())
+        sock = socket.create_server((host, port), family=_family(host))
     except OSError as exc:
         raise FlowpostError(f"cannot listen on {host}:{port} ({exc})", where="reward server") from None
+    return RewardServer(reward, sock, token=token, version=version or reward.name, limits=limits or Limits())
+
+
+def _family(host: str) -> socket.AddressFamily:
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return socket.AF_INET
 
 
 def serve_registered_reward(

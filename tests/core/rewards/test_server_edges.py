@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from http_servers import running
 from torch import Tensor
 from typer.testing import CliRunner
 
@@ -18,7 +17,7 @@ from flowpost.cli import app
 from flowpost.core.evaluation.classifier import REWARD_CLASSIFIER, DigitClassifier, save_classifier
 from flowpost.core.rewards.digit_adherence import DigitAdherence
 from flowpost.core.rewards.remote import RemoteReward, encode_images
-from flowpost.core.rewards.server import Limits, RewardServer, serve_reward
+from flowpost.core.rewards.server import Limits, serve_reward
 from flowpost.errors import FlowpostError
 
 
@@ -33,16 +32,6 @@ class Counting:
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
         self.calls += 1
         return torch.ones(media.shape[0])
-
-
-class CountingServer(RewardServer):
-    """Counts the POSTs it is asked to answer, so a test can tell that the client did not retry."""
-
-    posts = 0
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        type(self).posts += 1
-        super().finish_request(request, client_address)
 
 
 @pytest.fixture
@@ -74,12 +63,19 @@ def _post(url: str, payload: dict[str, Any]) -> tuple[int, str]:
 def test_bad_labels_and_images_are_400s_the_client_quotes_without_retrying(
     digits: DigitAdherence, media: Tensor, label: Any, match: str
 ) -> None:
-    server = CountingServer(("127.0.0.1", 0), digits, None, "v", Limits())
-    CountingServer.posts = 0
-    with running(server):
+    calls = []
+
+    class Counted:
+        name = digits.name
+
+        def __call__(self, *batch: Any) -> Tensor:
+            calls.append(1)
+            return digits(*batch)
+
+    with serve_reward(Counted()).running() as server:
         with pytest.raises(FlowpostError, match=f"HTTP 400 Bad Request: rewards: digit_adherence .*{match}"):
             RemoteReward(server.url, retries=3, backoff=0)(media, ["a", "b"], [{"label": label}] * 2)
-    assert CountingServer.posts == 1
+    assert len(calls) == 1
 
 
 def test_bodies_and_batches_over_the_limits_are_413s() -> None:
@@ -87,13 +83,13 @@ def test_bodies_and_batches_over_the_limits_are_413s() -> None:
     images = encode_images(torch.rand(3, 1, 8, 8))
     payload = {"prompts": ["a"] * 3, "metadata": [{}] * 3, "images": images}
     small_body = Limits(max_body_bytes=len(json.dumps(payload)) - 1)
-    with running(serve_reward(reward, limits=small_body)) as server:
+    with serve_reward(reward, limits=small_body).running() as server:
         status, message = _post(server.url, payload)
         assert status == 413 and message.startswith("request body of ")
         assert "over this server's limit" in message and "--max-body-mb" in message
         with pytest.raises(FlowpostError, match="HTTP 413 .*over this server's limit"):
             RemoteReward(server.url, retries=2, backoff=0)(torch.rand(3, 1, 8, 8), ["a"] * 3, [{}] * 3)
-    with running(serve_reward(reward, limits=Limits(max_batch=2))) as server:
+    with serve_reward(reward, limits=Limits(max_batch=2)).running() as server:
         status, message = _post(server.url, payload)
         assert (status, message) == (
             413,
@@ -117,3 +113,40 @@ def test_the_cli_refuses_a_public_address_without_a_token() -> None:
     result = CliRunner().invoke(app, ["reward-server", "jpeg_incompressibility", "--host", "0.0.0.0", "--port", "0"])
     assert isinstance(result.exception, FlowpostError)
     assert "listening on 0.0.0.0 lets other machines score" in str(result.exception)
+
+
+class EchoIds:
+    name = "echo-ids"
+
+    def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
+        return torch.tensor([float(m["id"]) for m in metadata])
+
+
+def test_concurrent_clients_each_get_their_own_scores_once() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    media = torch.rand(2, 3, 8, 8)
+    with serve_reward(EchoIds()).running() as server:
+
+        def client(index: int) -> list[list[float]]:
+            remote = RemoteReward(server.url, retries=0)
+            return [
+                remote(media, ["a", "b"], [{"id": 10 * index + r}, {"id": -10 * index - r}]).tolist() for r in range(3)
+            ]
+
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(client, range(6)))
+    assert answers == [[[10.0 * i + r, -10.0 * i - r] for r in range(3)] for i in range(6)]
+
+
+def test_a_streamed_body_over_the_limit_is_a_413() -> None:
+    import httpx
+
+    def chunks():  # noqa: ANN202 - no Content-Length: the server counts what arrives
+        for _ in range(8):
+            yield b" " * 1024
+
+    with serve_reward(Counting(), limits=Limits(max_body_bytes=4096)).running() as server:
+        answer = httpx.post(server.url, content=chunks(), timeout=10)
+    assert answer.status_code == 413
+    assert answer.json()["error"].startswith("request body of more than 4096 bytes is over this server's limit")
