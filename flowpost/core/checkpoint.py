@@ -44,16 +44,25 @@ def save_checkpoint(root: str | Path, state: TrainingState, *, keep_last: int | 
     """Write ``root/step-N`` atomically, point ``root/latest`` at it, then keep the newest ``keep_last``."""
     root = Path(root)
     final = root / f"step-{state.step}"
-    with atomic_directory(final) as tmp:
-        save_file(_contiguous(state.model), tmp / "model.safetensors")
-        for name, tensors in state.snapshots.items():
-            save_file(_contiguous(tensors), tmp / f"snapshot-{name}.safetensors")
-        save_file(_contiguous(state.rng), tmp / "rng.safetensors")
-        torch.save({"optimizer": state.optimizer, "scheduler": state.scheduler}, tmp / "optimizer.pt")
-        write_json_atomic(tmp / "state.json", {"step": state.step, "trainer": state.trainer})
-        files = sorted(p.name for p in tmp.iterdir())
-        write_json_atomic(tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}})
-    write_json_atomic(root / LATEST, {"step": state.step, "path": final.name})
+    try:
+        with atomic_directory(final) as tmp:
+            save_file(_contiguous(state.model), tmp / "model.safetensors")
+            for name, tensors in state.snapshots.items():
+                save_file(_contiguous(tensors), tmp / f"snapshot-{name}.safetensors")
+            save_file(_contiguous(state.rng), tmp / "rng.safetensors")
+            torch.save({"optimizer": state.optimizer, "scheduler": state.scheduler}, tmp / "optimizer.pt")
+            write_json_atomic(tmp / "state.json", {"step": state.step, "trainer": state.trainer})
+            files = sorted(p.name for p in tmp.iterdir())
+            write_json_atomic(tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}})
+        write_json_atomic(root / LATEST, {"step": state.step, "path": final.name})
+    except OSError as exc:
+        previous = latest_checkpoint(root)
+        resumes = f"it resumes from {previous.name}" if previous is not None else "it starts from the beginning"
+        raise FlowpostError(
+            f"cannot write the checkpoint of step {state.step} ({exc.strerror or exc}); free space or fix the "
+            f"folder, then run the stage again: {resumes}",
+            where=str(final),
+        ) from exc
     if keep_last is not None:
         _prune(root, keep=final, keep_last=keep_last)
     return final

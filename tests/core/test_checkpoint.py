@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -206,11 +207,12 @@ def test_failed_save_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.M
     def failing(tensors: dict[str, torch.Tensor], filename: Any, *args: Any, **kwargs: Any) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
-            raise OSError("disk full")
+            raise OSError(errno.ENOSPC, "No space left on device")
         real(tensors, filename, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint, "save_file", failing)
-    with pytest.raises(OSError, match="disk full"):
+    message = "cannot write the checkpoint of step 2 \\(No space left on device\\).*it resumes from step-1"
+    with pytest.raises(FlowpostError, match=message):
         save_checkpoint(tmp_path, _state(2))
     assert calls["n"] == 2
     assert not (tmp_path / "step-2").exists()

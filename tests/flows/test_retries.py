@@ -67,3 +67,37 @@ def test_a_rejected_request_is_not_retried(prefect_harness, tiny_pipeline, json_
         with pytest.raises(FlowpostError, match="train.grpo failed.*HTTP 400"):
             pipeline_flow(_with_remote_grpo(tiny_pipeline(), url), str(tmp_path), retry_delay_seconds=0.0)
     assert answer.answered == [400]
+
+
+@pytest.mark.slow
+def test_a_reward_server_going_down_mid_stage_fails_it_resumably(
+    prefect_harness, tiny_pipeline, json_server, tmp_path: Path
+) -> None:
+    """Up for two iterations, then answering 503: the node fails after its retries with the last
+    checkpoint kept; with the server back, the next run resumes from that checkpoint."""
+    from flowpost.core.config.loading import validate_pipeline
+    from flowpost.core.events import read_events
+    from flowpost.flows.pipeline import pipeline_flow
+    from flowpost.tasks.runner import PipelineRun
+
+    down_after = {"requests": 2}
+    served: list[int] = []
+
+    def answer(request: dict) -> tuple[int, dict]:
+        code = 503 if len([c for c in served if c == 200]) >= down_after["requests"] else 200
+        served.append(code)
+        return code, ({"scores": [float(len(p)) for p in request["prompts"]]} if code == 200 else {"error": "down"})
+
+    with json_server(answer) as url:
+        config = _with_remote_grpo(tiny_pipeline(), url)
+        config["stages"]["grpo"]["train"].update(iterations=4, checkpoint_every=1)
+        with pytest.raises(FlowpostError, match=r"train.grpo failed.*HTTP 503"):
+            pipeline_flow(config, str(tmp_path), retries=1, retry_delay_seconds=0.0)
+        stage = PipelineRun(validate_pipeline(config), tmp_path).path("train.grpo")
+        assert (stage / "checkpoints" / "latest").exists()
+        down_after["requests"] = 10**6  # the server is back
+        results = pipeline_flow(config, str(tmp_path), retry_delay_seconds=0.0)
+    assert {r.node: r.status for r in results}["train.grpo"] == "ran"
+    starts = [e for e in read_events(stage / "events.jsonl") if e["event"] == "start"]
+    assert starts[0]["resumed_from"] is None and starts[-1]["resumed_from"] is not None
+    assert served.count(200) == 4  # two iterations before the outage, the other two after it
