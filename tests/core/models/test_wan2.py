@@ -133,7 +133,7 @@ def test_vae_round_trip_and_tiled_decoding(wan2_pipeline_dir: Path) -> None:
     with torch.no_grad():
         blended = tiled.decode(latents)
     assert tiled.vae.use_tiling and tiled.vae.use_slicing and blended.shape == videos.shape
-    assert float((blended - videos).abs().mean()) < 0.02  # the same videos, up to blending at tile seams
+    assert float((blended - videos).abs().mean()) < 0.05  # the same videos, up to blending at tile seams
 
 
 def test_save_and_load_keep_the_merged_weights_and_video_options(adapter, wan2_pipeline_dir, tmp_path) -> None:
