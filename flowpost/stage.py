@@ -30,6 +30,7 @@ from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
+from flowpost.core.rewards.frames import FrameSelection
 from flowpost.core.rewards.registry import build_reward, reward_parameters
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import StageInputs
@@ -114,7 +115,8 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
 
 
 def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs) -> WeightedRewards | None:
-    """The stage's weighted reward sum; scorers that take ``assets_dir`` get the dataset's assets."""
+    """The stage's weighted reward sum; scorers that take ``assets_dir`` get the dataset's assets; each scores
+    video through its ``frames`` choice."""
     if not configs:
         return None
     components = []
@@ -123,7 +125,9 @@ def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInp
         options = dict(config.options)
         if inputs.assets_dir is not None and "assets_dir" in reward_parameters(config.name, where=where):
             options.setdefault("assets_dir", inputs.assets_dir)
-        components.append((build_reward(config.name, options=options, where=where), config.weight))
+        reward = build_reward(config.name, options=options, where=where)
+        selected = FrameSelection(reward, frames=config.frames, sampled_frames=config.sampled_frames, where=where)
+        components.append((selected, config.weight))
     return WeightedRewards(components, where=f"stages.{spec.stage}.rewards")
 
 

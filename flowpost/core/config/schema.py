@@ -255,11 +255,16 @@ class LaunchConfig(StrictModel):
 
 
 class RewardConfig(StrictModel):
-    """One reward of a weighted sum; ``options`` go to the scorer's constructor."""
+    """One reward of a weighted sum; ``options`` go to the scorer's constructor; on video, ``frames`` says
+    what it scores."""
 
     name: str
     weight: float = 1.0
     options: dict[str, Any] = Field(default_factory=dict)
+    frames: Literal["first", "sampled", "clip"] | None = Field(
+        None, description="on video: the first frame, evenly sampled frames (their mean score) or the whole clip"
+    )
+    sampled_frames: int | None = Field(None, ge=1, description="with frames: sampled, how many frames (default 4)")
 
     @field_validator("options")
     @classmethod
@@ -267,6 +272,21 @@ class RewardConfig(StrictModel):
         if bad := non_finite_keys(value):
             raise ValueError(f"{', '.join(bad)} is not a finite number; give a finite value")
         return value
+
+    @model_validator(mode="after")
+    def _count_needs_sampled(self) -> RewardConfig:
+        if self.sampled_frames is not None and self.frames != "sampled":
+            raise ValueError("sampled_frames applies only to frames: sampled; set it or remove sampled_frames")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_frames(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The frame choice only when set, so image stages keep their params and fingerprints."""
+        data = handler(self)
+        for name in ("frames", "sampled_frames"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class StageConfig(StrictModel):

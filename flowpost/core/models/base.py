@@ -34,6 +34,7 @@ class ModelAdapter(ABC):
     encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH
     compute_dtype: torch.dtype | None = None  # autocast dtype of the network (mixed precision); None: none
     shift: float = 1.0  # the constant sigma shift of training and (by default) inference sigmas
+    fps: int = 16  # frames per second a video family's samples are written at
 
     @classmethod
     @abstractmethod
