@@ -123,10 +123,14 @@ def sample_prompts(
     video = images.ndim == 5
     path = Path(out) if out is not None else Path(VIDEO_FILE if video else GRID_FILE)
     nrow = nrow or max(1, int(len(prompts) ** 0.5))
-    if path.suffix == ".mp4":
-        if not video:
-            raise FlowpostError(f"{adapter.family!r} makes images; give a .png file", where="--out")
+    if video and path.suffix == ".mp4":
         save_video(images, path, fps=adapter.fps, nrow=nrow)
+    elif path.suffix == ".mp4":
+        raise FlowpostError(f"{adapter.family!r} makes images; give a .png file", where="--out")
+    elif video and path.suffix != ".png":
+        raise FlowpostError(
+            f"{adapter.family!r} makes videos; give a .mp4 file (or a .png for a grid of their frames)", where="--out"
+        )
     else:
         save_grid(images, path, nrow=nrow)
     return images, path
