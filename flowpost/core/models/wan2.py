@@ -111,6 +111,9 @@ class Wan2Adapter(PipelineFamily):
         _, patch_h, patch_w = self.transformer.config.patch_size
         return self.scheduler_sigmas(steps, frames * (height // patch_h) * (width // patch_w))
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "media": "video"}
+
     def shard_units(self) -> list[torch.nn.Module]:
         return list(self.transformer.blocks)
 
