@@ -90,7 +90,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         cls = adapter_class(model.family, where=f"stages.{spec.stage}.model.family")
         if model.pretrained is not None:
             source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype)
-            adapter = cls.from_pipeline(source)
+            adapter = _from_pipeline(cls, source, model.options, where=f"stages.{spec.stage}")
         else:
             adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
     encoder = spec.extra.get("encoder") or {}
@@ -112,6 +112,22 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
             torch.manual_seed(spec.seed)
             adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
     return adapter
+
+
+def _from_pipeline(cls: type[ModelAdapter], source: PretrainedSource, options: dict, *, where: str) -> ModelAdapter:
+    """``cls.from_pipeline`` with the family's ``model.options``; an unknown or bad option names its path."""
+    if unknown := sorted(set(options) - set(cls.options)):
+        accepted = ", ".join(cls.options) or "none"
+        raise FlowpostError(
+            f"family {cls.family!r} has no option {', '.join(unknown)}; accepted: {accepted}",
+            where=f"{where}.model.options",
+        )
+    try:
+        return cls.from_pipeline(source, **options)
+    except FlowpostError as exc:
+        if exc.where is None or not exc.where.startswith("model."):
+            raise
+        raise FlowpostError(str(exc).removeprefix(f"{exc.where}: "), where=f"{where}.{exc.where}") from None
 
 
 def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs) -> WeightedRewards | None:

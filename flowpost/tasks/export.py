@@ -95,7 +95,8 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"max length {manifest['encoder']['max_length']} tokens)",
         f"- Output codec: {model['output_codec']}",
         f"- Schedule: flow matching, shift {model['schedule']['shift']}, velocity = noise - x0",
-        f'- Sample: `flowpost sample {{this folder}} --prompt "a handwritten digit seven" -n 16 --out {_sample_file(model)}`',
+        f'- Sample: `flowpost sample {{this folder}} --prompt "a handwritten digit seven" -n 16 '
+        f"--out {_sample_file(model)}`",
     ]
     if metrics:
         lines += ["", "## Evaluation", "", "| metric | value |", "| --- | --- |"]

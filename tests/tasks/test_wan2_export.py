@@ -40,7 +40,9 @@ def test_the_stock_wan_pipeline_generates_what_flowpost_samples(wan2_export, wan
     state = adapter.prepare_condition_state(adapter.encode_conditions(PROMPTS))
     negative = adapter.prepare_condition_state(adapter.encode_conditions([""]).index([0, 0]))
     with torch.no_grad():
-        expected = sample_ode(adapter, noise, state, adapter.inference_sigmas(STEPS), guidance=GUIDANCE, negative=negative)
+        expected = sample_ode(
+            adapter, noise, state, adapter.inference_sigmas(STEPS), guidance=GUIDANCE, negative=negative
+        )
     torch.testing.assert_close(_stock_latents(pipe, noise), expected, rtol=0, atol=1e-5)
     untrained = _stock_latents(WanPipeline.from_pretrained(wan2_pipeline_dir), noise)
     assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated

@@ -37,7 +37,6 @@ class PipelineFamily(TransformerAdapter):
     transformer_class: ClassVar[str]  # the diffusers class of the ``transformer`` component
     pipeline_class: ClassVar[str]  # the diffusers pipeline: its ``encode_prompt`` encodes conditions, it exports
     text_models: ClassVar[tuple[tuple[str, str], ...]]  # see ``PromptFamily``
-    options: ClassVar[tuple[str, ...]] = ()
     default_encoder_max_length: ClassVar[int]
 
     def __init__(

@@ -25,8 +25,9 @@ class Wan2Adapter(PipelineFamily):
     token states (zero past each prompt's length, as the stock pipeline pads them); true CFG.
 
     ``height``, ``width`` and ``num_frames`` are the generated video's (``num_frames - 1`` a multiple of the
-    VAE's temporal factor); ``fps`` the rate a sample is written at; ``vae_tiling`` decodes in spatial tiles.
-    The VAE always decodes one video at a time (sliced).
+    VAE's temporal factor); ``fps`` the rate a sample is written at; ``vae_tiling`` decodes in spatial tiles
+    (the VAE always decodes one video at a time, sliced); ``gradient_checkpointing`` recomputes each block's
+    activations in backward.
     """
 
     family: ClassVar[str] = "wan2"
@@ -35,7 +36,14 @@ class Wan2Adapter(PipelineFamily):
     transformer_class: ClassVar[str] = "WanTransformer3DModel"
     lora_targets: ClassVar[tuple[str, ...]] = WAN_ATTENTION_TARGETS
     default_encoder_max_length: ClassVar[int] = UMT5_MAX_LENGTH
-    options: ClassVar[tuple[str, ...]] = ("height", "width", "num_frames", "fps", "vae_tiling")
+    options: ClassVar[tuple[str, ...]] = (
+        "height",
+        "width",
+        "num_frames",
+        "fps",
+        "vae_tiling",
+        "gradient_checkpointing",
+    )
     pipeline_class: ClassVar[str] = "WanPipeline"
     text_models: ClassVar[tuple[tuple[str, str], ...]] = (("UMT5EncoderModel", "AutoTokenizer"),)
 
@@ -50,11 +58,12 @@ class Wan2Adapter(PipelineFamily):
         num_frames: int = FRAMES,
         fps: int = FPS,
         vae_tiling: bool = False,
+        gradient_checkpointing: bool = False,
         **options: Any,
     ) -> None:
-        super().__init__(transformer, scheduler, source, **options)
+        super().__init__(transformer, scheduler, source, gradient_checkpointing=gradient_checkpointing, **options)
         self.height, self.width, self.num_frames, self.fps = height, width, num_frames, fps
-        self.vae_tiling = vae_tiling
+        self.vae_tiling, self.gradient_checkpointing = vae_tiling, gradient_checkpointing
         self._check_video_size()
 
     @classmethod
@@ -82,7 +91,8 @@ class Wan2Adapter(PipelineFamily):
         for name in ("height", "width"):
             if getattr(self, name) % multiple:
                 raise FlowpostError(
-                    f"{name} {getattr(self, name)} is not a multiple of {multiple}; round it", where=f"model.options.{name}"
+                    f"{name} {getattr(self, name)} is not a multiple of {multiple}; round it",
+                    where=f"model.options.{name}",
                 )
         temporal = self.vae_factors[0]
         if self.num_frames < 1 or (self.num_frames - 1) % temporal:

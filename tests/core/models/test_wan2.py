@@ -106,7 +106,12 @@ def test_the_ode_sampler_reproduces_the_stock_pipeline(adapter: Wan2Adapter, sto
     noise = _noise(adapter)
     options = {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "max_sequence_length": T5_LENGTH}
     expected = stock(
-        PROMPTS, latents=noise.clone(), num_inference_steps=steps, guidance_scale=guidance, output_type="latent", **options
+        PROMPTS,
+        latents=noise.clone(),
+        num_inference_steps=steps,
+        guidance_scale=guidance,
+        output_type="latent",
+        **options,
     ).frames
     state = adapter.prepare_condition_state(adapter.encode_conditions(PROMPTS))
     negative = adapter.prepare_condition_state(adapter.encode_conditions([""]).index([0, 0]))
