@@ -41,11 +41,17 @@ def test_an_mp4_decodes_to_its_frames_at_its_rate(tmp_path: Path) -> None:
     assert frames[0][1:9, 1:11].mean() < 20 and frames[5][1:9, 1:11, 0].mean() > 200
 
 
-def test_sample_writes_an_mp4_of_the_video_models_clips(wan2_pipeline_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    model = tmp_path / "model"
+@pytest.fixture(scope="module")
+def model(wan2_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Wan pipeline's transformer saved as a flowpost model at 8 fps."""
+    folder = tmp_path_factory.mktemp("wan2-model")
     adapter = load_wan2_adapter(wan2_pipeline_dir)
     adapter.fps = 8
-    adapter.save_pretrained(model)
+    adapter.save_pretrained(folder)
+    return folder
+
+
+def test_sample_writes_an_mp4_of_the_video_models_clips(model: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     videos, path = sample_prompts(model, ["a red cat"] * 2, steps=2, guidance=5.0, nrow=2)
     assert path == Path("sample.mp4") and videos.shape == (2, 3, FRAMES, HEIGHT, WIDTH)
@@ -55,3 +61,14 @@ def test_sample_writes_an_mp4_of_the_video_models_clips(wan2_pipeline_dir: Path,
     assert grid.is_file()
     with pytest.raises(FlowpostError, match=r"--out: 'wan2' makes videos; give a \.mp4"):
         sample_prompts(model, ["a red cat"], out=tmp_path / "x.gif", steps=1)
+
+
+def test_the_sample_command_defaults_to_an_mp4_for_video(model: Path, tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from flowpost.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["sample", str(model), "--prompt", "a cat", "-n", "1", "--steps", "1"])
+    assert result.exit_code == 0 and "wrote sample.mp4" in result.output
+    assert len(_decoded(tmp_path / "sample.mp4")[0]) == FRAMES
