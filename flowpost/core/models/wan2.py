@@ -1,9 +1,9 @@
-"""The wan2 family (Wan2.1 / Wan2.2 text to video): a diffusers ``WanPipeline`` folder or hub id."""
+"""The wan2 family (Wan2.1 T2V, Wan2.2 TI2V-5B as text to video): a diffusers ``WanPipeline`` folder or hub id."""
 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import Tensor
@@ -65,6 +65,25 @@ class Wan2Adapter(PipelineFamily):
         self.height, self.width, self.num_frames, self.fps = height, width, num_frames, fps
         self.vae_tiling, self.gradient_checkpointing = vae_tiling, gradient_checkpointing
         self._check_video_size()
+
+    @classmethod
+    def from_pipeline(cls, source: PretrainedSource, **options: Any) -> Self:
+        """A one-transformer Wan pipeline (Wan2.1 T2V, Wan2.2 TI2V-5B: its per-token timesteps are all the
+        same in text to video, so one timestep gives the same velocity); a two-expert Wan2.2 pipeline
+        (``transformer_2`` below ``boundary_ratio``) is refused."""
+        from diffusers import WanPipeline
+
+        try:
+            index = WanPipeline.load_config(source.path, revision=source.revision)
+        except (OSError, ValueError) as error:
+            raise FlowpostError(f"cannot read its model_index.json: {error}", where=source.path) from error
+        if index.get("boundary_ratio") is not None:
+            raise FlowpostError(
+                f"a two-expert Wan2.2 pipeline (transformer_2 below boundary_ratio {index['boundary_ratio']}); wan2 "
+                "trains one transformer: use a Wan2.1 T2V or Wan2.2 TI2V-5B pipeline",
+                where=f"{source.path}/model_index.json",
+            )
+        return super().from_pipeline(source, **options)
 
     @classmethod
     def _load(cls, source: PretrainedSource) -> tuple[torch.nn.Module, Any]:

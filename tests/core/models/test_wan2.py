@@ -125,6 +125,35 @@ def test_the_ode_sampler_reproduces_the_stock_pipeline(adapter: Wan2Adapter, sto
     torch.testing.assert_close(decoded, videos.permute(0, 2, 1, 3, 4), rtol=0, atol=1e-5)
 
 
+def _with_index(folder: Path, tmp_path: Path, **index: Any) -> Path:
+    """A copy of ``folder`` whose ``model_index.json`` has ``index`` set."""
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    path = copy / "model_index.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **index}))
+    return copy
+
+
+def test_wan22_ti2v_per_token_timesteps_give_the_same_video(wan2_pipeline_dir: Path, tmp_path: Path) -> None:
+    from diffusers import WanPipeline
+
+    folder = _with_index(wan2_pipeline_dir, tmp_path, expand_timesteps=True)  # Wan2.2 TI2V-5B's pipeline
+    adapter, stock = _load(folder), WanPipeline.from_pretrained(folder)
+    noise = _noise(adapter)
+    size = {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "max_sequence_length": T5_LENGTH}
+    expected = stock(PROMPTS, latents=noise.clone(), num_inference_steps=3, output_type="latent", **size).frames
+    state = adapter.prepare_condition_state(adapter.encode_conditions(PROMPTS))
+    negative = adapter.prepare_condition_state(adapter.encode_conditions([""]).index([0, 0]))
+    latents = sample_ode(adapter, noise, state, adapter.inference_sigmas(3), guidance=5.0, negative=negative)
+    torch.testing.assert_close(latents, expected, rtol=0, atol=1e-5)
+
+
+def test_a_two_expert_wan22_pipeline_is_refused(wan2_pipeline_dir: Path, tmp_path: Path) -> None:
+    folder = _with_index(wan2_pipeline_dir, tmp_path, boundary_ratio=0.875)
+    with pytest.raises(FlowpostError, match=r"model_index\.json: a two-expert Wan2\.2 pipeline.*0\.875"):
+        _load(folder)
+
+
 def test_vae_round_trip_and_tiled_decoding(wan2_pipeline_dir: Path) -> None:
     media = torch.rand(2, 3, FRAMES, HEIGHT, WIDTH, generator=torch.Generator().manual_seed(0))
     adapter = _load(wan2_pipeline_dir)
