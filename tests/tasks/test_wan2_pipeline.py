@@ -53,10 +53,12 @@ def _build(stage: Any, tmp_path: Path) -> Any:
 
 
 def test_a_stage_builds_wan2_at_its_video_options(tiny_pipeline, wan2_pipeline_dir: Path, tmp_path: Path) -> None:
-    stage = _stage(tiny_pipeline, wan2_pipeline_dir, TINY_VIDEO)
-    assert stage.model.model_dump()["options"] == TINY_VIDEO
+    options = {**TINY_VIDEO, "gradient_checkpointing": True}
+    stage = _stage(tiny_pipeline, wan2_pipeline_dir, options)
+    assert stage.model.model_dump()["options"] == options
     adapter = _build(stage, tmp_path)
     assert isinstance(adapter, Wan2Adapter) and adapter.latent_shape == (4, 2, 4, 8) and adapter.fps == 8
+    assert adapter.module().is_gradient_checkpointing and adapter.describe()["gradient_checkpointing"] is True
 
 
 @pytest.mark.parametrize(

@@ -146,13 +146,20 @@ class Wan2Adapter(PipelineFamily):
     def shard_units(self) -> list[torch.nn.Module]:
         return list(self.transformer.blocks)
 
+    def timestep(self, sigma: Tensor) -> Tensor:
+        """The transformer's fp32 timestep at ``sigma``, as the stock pipeline's scheduler gives it:
+        ``sigma * 1000``, truncated to a whole number under UniPC (whose ``timesteps`` are integers)."""
+        if type(self.scheduler).__name__ == "UniPCMultistepScheduler":
+            return (sigma.double() * 1000.0).floor().float()
+        return sigma.float() * 1000.0
+
     def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
-        """The transformer at ``timestep = sigma * 1000``, as the stock pipeline calls it, in the latents' dtype."""
+        """The transformer at ``timestep(sigma)``, as the stock pipeline calls it, in the latents' dtype."""
         assert isinstance(state, TokenState)
-        sigma = torch.as_tensor(sigma, dtype=latents.dtype, device=latents.device).expand(latents.shape[0])
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])
         return self.transformer(
             hidden_states=latents,
-            timestep=sigma * 1000.0,
+            timestep=self.timestep(sigma),
             encoder_hidden_states=state.encoder_hidden_states.to(device=latents.device, dtype=latents.dtype),
             return_dict=False,
         )[0]

@@ -71,7 +71,7 @@ def test_inference_sigmas_are_the_flow_shift_schedulers(adapter: Wan2Adapter, st
     scheduler.set_timesteps(steps)
     sigmas = adapter.inference_sigmas(steps)
     assert torch.equal(sigmas, scheduler.sigmas) and float(sigmas[-1]) == 0.0
-    torch.testing.assert_close(sigmas[:-1] * 1000, scheduler.timesteps, rtol=0, atol=1e-3)
+    assert torch.equal(adapter.timestep(sigmas[:-1]), scheduler.timesteps)
 
 
 def test_a_unipc_scheduler_gives_its_flow_sigmas(wan2_pipeline_dir: Path, tmp_path: Path) -> None:
@@ -85,7 +85,9 @@ def test_a_unipc_scheduler_gives_its_flow_sigmas(wan2_pipeline_dir: Path, tmp_pa
     unipc.save_pretrained(folder / "scheduler")
     adapter = _load(folder)
     unipc.set_timesteps(8)
-    assert adapter.shift == 5.0 and torch.equal(adapter.inference_sigmas(8), unipc.sigmas.float())
+    sigmas = adapter.inference_sigmas(8)
+    assert adapter.shift == 5.0 and torch.equal(sigmas, unipc.sigmas.float())
+    assert torch.equal(adapter.timestep(sigmas[:-1]), unipc.timesteps.float())  # whole numbers, as UniPC's
 
 
 def test_an_unknown_scheduler_or_video_size_is_refused(wan2_pipeline_dir: Path, tmp_path: Path) -> None:
