@@ -167,9 +167,9 @@ def test_vae_round_trip_and_tiled_decoding(wan2_pipeline_dir: Path) -> None:
     tiled = Wan2Adapter.from_pipeline(adapter.source, height=HEIGHT, width=WIDTH, num_frames=FRAMES, vae_tiling=True)
     tiled.vae.enable_tiling(16, 16, 8, 8)  # tiles smaller than the video: the tiled path runs
     with torch.no_grad():
-        blended = tiled.decode(latents)
-    assert tiled.vae.use_tiling and tiled.vae.use_slicing and blended.shape == videos.shape
-    assert float((blended - videos).abs().mean()) < 0.05  # the same videos, up to blending at tile seams
+        blended = tiled.decode(latents[:1])
+    assert tiled.vae.use_tiling and tiled.vae.use_slicing and blended.shape == videos[:1].shape
+    assert float((blended - videos[:1]).abs().mean()) < 0.05  # the same video, up to blending at tile seams
 
 
 def test_save_and_load_keep_the_merged_weights_and_video_options(adapter, wan2_pipeline_dir, tmp_path) -> None:
