@@ -80,7 +80,7 @@ def test_options_without_pretrained_are_refused(tiny_pipeline) -> None:
         validate_pipeline(config)
 
 
-@pytest.mark.slow  # about 40 s: the conditions node, a stage process, the pipeline export, an mp4 sample
+@pytest.mark.slow  # about 60 s: the conditions node, a stage process, the pipeline export, an mp4 sample
 def test_the_example_runs_on_a_tiny_wan_folder(wan2_pipeline_dir: Path, tmp_path: Path) -> None:
     from flowpost.core.sampling.generate import sample_prompts
 
