@@ -256,12 +256,14 @@ def sample(
     export: Annotated[Path, typer.Argument(help="an export (or any saved model) folder")],
     prompt: Annotated[str, typer.Option("--prompt")],
     n: Annotated[int, typer.Option("-n", min=1)] = 16,
-    out: Annotated[Path, typer.Option("--out")] = Path("grid.png"),
+    out: Annotated[
+        Path | None, typer.Option("--out", help="default: grid.png, or sample.mp4 for a video model")
+    ] = None,
     steps: Annotated[int, typer.Option(min=1)] = 20,
     guidance: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
-    """Generate ``n`` samples of one prompt into a PNG grid."""
+    """Generate ``n`` samples of one prompt into a PNG grid (a video model: an mp4 of the clips tiled)."""
     from flowpost.core.sampling.generate import sample_prompts
     from flowpost.tasks.integrity import COMPLETE, completed_damage
 
@@ -271,8 +273,8 @@ def sample(
             "nodes) or `flowpost stage export`",
             where=str(export),
         )
-    sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
-    typer.echo(f"wrote {out}")
+    _, written = sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
+    typer.echo(f"wrote {written}")
 
 
 @app.command("list")

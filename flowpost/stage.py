@@ -30,6 +30,7 @@ from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
+from flowpost.core.rewards.frames import FrameSelection
 from flowpost.core.rewards.registry import build_reward, reward_parameters
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import StageInputs
@@ -89,7 +90,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         cls = adapter_class(model.family, where=f"stages.{spec.stage}.model.family")
         if model.pretrained is not None:
             source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype)
-            adapter = cls.from_pipeline(source)
+            adapter = _from_pipeline(cls, source, model.options, where=f"stages.{spec.stage}")
         else:
             adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
     encoder = spec.extra.get("encoder") or {}
@@ -113,8 +114,25 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     return adapter
 
 
+def _from_pipeline(cls: type[ModelAdapter], source: PretrainedSource, options: dict, *, where: str) -> ModelAdapter:
+    """``cls.from_pipeline`` with the family's ``model.options``; an unknown or bad option names its path."""
+    if unknown := sorted(set(options) - set(cls.options)):
+        accepted = ", ".join(cls.options) or "none"
+        raise FlowpostError(
+            f"family {cls.family!r} has no option {', '.join(unknown)}; accepted: {accepted}",
+            where=f"{where}.model.options",
+        )
+    try:
+        return cls.from_pipeline(source, **options)
+    except FlowpostError as exc:
+        if exc.where is None or not exc.where.startswith("model."):
+            raise
+        raise FlowpostError(str(exc).removeprefix(f"{exc.where}: "), where=f"{where}.{exc.where}") from None
+
+
 def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs) -> WeightedRewards | None:
-    """The stage's weighted reward sum; scorers that take ``assets_dir`` get the dataset's assets."""
+    """The stage's weighted reward sum; scorers that take ``assets_dir`` get the dataset's assets; each scores
+    video through its ``frames`` choice."""
     if not configs:
         return None
     components = []
@@ -123,7 +141,9 @@ def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInp
         options = dict(config.options)
         if inputs.assets_dir is not None and "assets_dir" in reward_parameters(config.name, where=where):
             options.setdefault("assets_dir", inputs.assets_dir)
-        components.append((build_reward(config.name, options=options, where=where), config.weight))
+        reward = build_reward(config.name, options=options, where=where)
+        selected = FrameSelection(reward, frames=config.frames, sampled_frames=config.sampled_frames, where=where)
+        components.append((selected, config.weight))
     return WeightedRewards(components, where=f"stages.{spec.stage}.rewards")
 
 

@@ -74,6 +74,14 @@ def flux1_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wan2_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Wan2.1-shaped T2V diffusers pipeline folder (``tests/tiny_wan2_pipeline.py``)."""
+    from tiny_wan2_pipeline import build_tiny_wan2_pipeline
+
+    return build_tiny_wan2_pipeline(tmp_path_factory.mktemp("wan2") / "pipeline")
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 

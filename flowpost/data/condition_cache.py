@@ -79,14 +79,19 @@ def _rows(prompts: list[str], fingerprint: str, batch: ConditionBatch) -> pa.Tab
             "token_mask": pa.FixedSizeListArray.from_arrays(pa.array(mask.numpy().reshape(-1)), seq_len).cast(
                 pa.list_(pa.int8())
             ),
-            "pooled": pa.FixedSizeListArray.from_arrays(pa.array(pooled.numpy().reshape(-1)), pooled.shape[1]).cast(
-                pa.list_(pa.float32())
-            ),
+            "pooled": _row_lists(pooled.numpy()),
             "seq_len": pa.array([seq_len] * n, pa.int32()),
             "hidden_dim": pa.array([hidden] * n, pa.int32()),
         },
         schema=SCHEMA,
     )
+
+
+def _row_lists(matrix: np.ndarray) -> pa.ListArray:
+    """Each row of ``matrix`` [N, W] as one float32 list; W may be 0 (a family without a pooled vector)."""
+    rows, width = matrix.shape
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
+    return pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1), pa.float32()))
 
 
 def update_condition_cache(

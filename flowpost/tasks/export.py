@@ -95,7 +95,8 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"max length {manifest['encoder']['max_length']} tokens)",
         f"- Output codec: {model['output_codec']}",
         f"- Schedule: flow matching, shift {model['schedule']['shift']}, velocity = noise - x0",
-        '- Sample: `flowpost sample {this folder} --prompt "a handwritten digit seven" -n 16 --out grid.png`',
+        f'- Sample: `flowpost sample {{this folder}} --prompt "a handwritten digit seven" -n 16 '
+        f"--out {_sample_file(model)}`",
     ]
     if metrics:
         lines += ["", "## Evaluation", "", "| metric | value |", "| --- | --- |"]
@@ -117,6 +118,11 @@ def _lora_lines(model: dict[str, Any]) -> list[str]:
         line + f"on the weights in `{lora.get('base')}/` (`{_transformer_class(model)}.from_pretrained`): "
         '`transformer.load_lora_adapter("lora", prefix="transformer", use_safetensors=True)`'
     ]
+
+
+def _sample_file(model: dict[str, Any]) -> str:
+    """What ``flowpost sample`` writes for the model's media: an mp4 of videos, else a PNG grid."""
+    return "sample.mp4" if model.get("media") == "video" else "grid.png"
 
 
 def _transformer_class(model: dict[str, Any]) -> str:

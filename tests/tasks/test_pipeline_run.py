@@ -106,7 +106,7 @@ def test_sample_command_writes_a_grid_from_the_export(workspace: Path, tmp_path:
 
     run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
     out = tmp_path / "grid.png"
-    images = sample_prompts(run.path("export"), ["a handwritten digit seven"] * 4, out=out, steps=2)
+    images, _ = sample_prompts(run.path("export"), ["a handwritten digit seven"] * 4, out=out, steps=2)
     assert images.shape == (4, 1, 16, 16) and 0.0 <= float(images.min()) and float(images.max()) <= 1.0
     assert Image.open(out).size[0] > 16
 

@@ -130,7 +130,7 @@ class ConditionsConfig(StrictModel):
     encoder: Literal["minilm"] = "minilm"
     model: EncoderModelConfig | None = None
     datasets: list[str] = Field(min_length=1)
-    max_length: int = Field(16, ge=4, le=256)
+    max_length: int = Field(16, ge=4, le=512)
 
     @model_validator(mode="after")
     def _one_encoder(self) -> ConditionsConfig:
@@ -171,6 +171,11 @@ class ModelConfig(PretrainedOptions):
     transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
     lora: LoraConfig | None = None
     pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="with pretrained: the family's own options (wan2: height, width, num_frames, fps, vae_tiling, "
+        "gradient_checkpointing; flux1: resolution, distilled_guidance)",
+    )
 
     @model_validator(mode="after")
     def _fallback_needs_previous(self) -> ModelConfig:
@@ -181,17 +186,20 @@ class ModelConfig(PretrainedOptions):
     @model_validator(mode="after")
     def _options_need_pretrained(self) -> ModelConfig:
         unused = [name for name in PRETRAINED_OPTIONS if getattr(self, name) is not None]
-        if self.pretrained is None and unused:
-            raise ValueError(f"{', '.join(unused)} apply only with pretrained; set pretrained or remove them")
+        if self.pretrained is None and (unused or self.options):
+            names = [*unused, *(["options"] if self.options else [])]
+            raise ValueError(f"{', '.join(names)} apply only with pretrained; set pretrained or remove them")
         return self
 
     @model_serializer(mode="wrap")
     def _omit_unused_fallback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``fallback`` only with ``init: previous``, the pretrained options only when set, so other
-        stages keep their params and fingerprints."""
+        """``fallback`` only with ``init: previous``, the pretrained options and the family's ``options`` only
+        when set, so other stages keep their params and fingerprints."""
         data = handler(self)
         if self.init != "previous":
             data.pop("fallback", None)
+        if not self.options:
+            data.pop("options", None)
         return self._without_unset(data)
 
 
@@ -255,11 +263,16 @@ class LaunchConfig(StrictModel):
 
 
 class RewardConfig(StrictModel):
-    """One reward of a weighted sum; ``options`` go to the scorer's constructor."""
+    """One reward of a weighted sum; ``options`` go to the scorer's constructor; on video, ``frames`` says
+    what it scores."""
 
     name: str
     weight: float = 1.0
     options: dict[str, Any] = Field(default_factory=dict)
+    frames: Literal["first", "sampled", "clip"] | None = Field(
+        None, description="on video: the first frame, evenly sampled frames (their mean score) or the whole clip"
+    )
+    sampled_frames: int | None = Field(None, ge=1, description="with frames: sampled, how many frames (default 4)")
 
     @field_validator("options")
     @classmethod
@@ -267,6 +280,21 @@ class RewardConfig(StrictModel):
         if bad := non_finite_keys(value):
             raise ValueError(f"{', '.join(bad)} is not a finite number; give a finite value")
         return value
+
+    @model_validator(mode="after")
+    def _count_needs_sampled(self) -> RewardConfig:
+        if self.sampled_frames is not None and self.frames != "sampled":
+            raise ValueError("sampled_frames applies only to frames: sampled; set it or remove sampled_frames")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_frames(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The frame choice only when set, so image stages keep their params and fingerprints."""
+        data = handler(self)
+        for name in ("frames", "sampled_frames"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class StageConfig(StrictModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -34,6 +34,8 @@ class ModelAdapter(ABC):
     encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH
     compute_dtype: torch.dtype | None = None  # autocast dtype of the network (mixed precision); None: none
     shift: float = 1.0  # the constant sigma shift of training and (by default) inference sigmas
+    fps: int = 16  # frames per second a video family's samples are written at
+    options: ClassVar[tuple[str, ...]] = ()  # the constructor options ``model.options`` may set
 
     @classmethod
     @abstractmethod
@@ -46,7 +48,7 @@ class ModelAdapter(ABC):
         """Load what ``save_pretrained`` wrote."""
 
     @classmethod
-    def from_pipeline(cls, source: PretrainedSource) -> ModelAdapter:
+    def from_pipeline(cls, source: PretrainedSource, **options: Any) -> ModelAdapter:
         """Load a diffusers pipeline (folder or hub id); real families implement it."""
         raise FlowpostError(f"family {cls.family!r} loads no diffusers pipeline; remove it", where="model.pretrained")
 

@@ -1,4 +1,4 @@
-"""What the families loaded from a diffusers pipeline share (sd3, flux1): the source, the scheduler,
+"""What the families loaded from a diffusers pipeline share (sd3, flux1, wan2): the source, the scheduler,
 the manifest round trip, the pipeline export, the VAE codec, the text encoders and the scheduler's
 inference sigmas."""
 
@@ -37,7 +37,6 @@ class PipelineFamily(TransformerAdapter):
     transformer_class: ClassVar[str]  # the diffusers class of the ``transformer`` component
     pipeline_class: ClassVar[str]  # the diffusers pipeline: its ``encode_prompt`` encodes conditions, it exports
     text_models: ClassVar[tuple[tuple[str, str], ...]]  # see ``PromptFamily``
-    options: ClassVar[tuple[str, ...]] = ()
     default_encoder_max_length: ClassVar[int]
 
     def __init__(
@@ -52,9 +51,14 @@ class PipelineFamily(TransformerAdapter):
         super().__init__(transformer)
         self.scheduler = scheduler
         self.source = source
-        self.shift = float(scheduler.config.shift)
+        self.shift = self.scheduler_shift(scheduler.config)
         self.encoder_max_length = encoder_max_length or self.default_encoder_max_length
         self.set_gradient_checkpointing(gradient_checkpointing)
+
+    @staticmethod
+    def scheduler_shift(config: Any) -> float:
+        """The scheduler's constant sigma shift (flow-match Euler's ``shift``)."""
+        return float(config.shift)
 
     @classmethod
     def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict | None = None) -> Self:
@@ -177,6 +181,12 @@ class PipelineFamily(TransformerAdapter):
         pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
     ) -> tuple[Tensor, Tensor]:
         """Token states and pooled vectors from the family's ``pipeline.encode_prompt``."""
+
+    @staticmethod
+    def token_mask(pipeline: Any, prompts: list[str], *, max_length: int) -> Tensor | None:
+        """The token mask of ``prompts``; None: all ones (the MMDiT transformers attend to every position,
+        padding included)."""
+        return None
 
     def prepare_condition_state(self, batch: ConditionBatch) -> TextState:
         return TextState(batch.token_states, batch.pooled)

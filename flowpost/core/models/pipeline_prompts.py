@@ -31,6 +31,11 @@ class PromptFamily(Protocol):
         """Token states and pooled vectors from ``pipeline.encode_prompt``."""
         ...
 
+    @staticmethod
+    def token_mask(pipeline: Any, prompts: list[str], *, max_length: int) -> Tensor | None:
+        """The ``[B, L]`` mask of the prompts' tokens; None: every position counts."""
+        ...
+
 
 @dataclass
 class PipelinePrompts:
@@ -83,15 +88,14 @@ class PipelinePrompts:
 
     @torch.no_grad()
     def encode(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
-        """The pipeline's own ``encode_prompt``, fp32 on the CPU. The mask is all ones: the MMDiT
-        transformers attend to every position, padding included."""
+        """The pipeline's own ``encode_prompt``, fp32 on the CPU, with the family's ``token_mask`` (all ones
+        when it has none)."""
+        length = self.max_length if max_length is None else max_length
         embeds, pooled = self.family.prompt_embeddings(
-            self.pipeline,
-            prompts,
-            device=torch.device(self.device),
-            max_length=self.max_length if max_length is None else max_length,
+            self.pipeline, prompts, device=torch.device(self.device), max_length=length
         )
-        mask = torch.ones(embeds.shape[:2], dtype=torch.int8)
+        mask = self.family.token_mask(self.pipeline, prompts, max_length=length)
+        mask = torch.ones(embeds.shape[:2], dtype=torch.int8) if mask is None else mask.to("cpu", torch.int8)
         return ConditionBatch(embeds.float().cpu(), mask, pooled.float().cpu())
 
     def release(self) -> None:

@@ -12,6 +12,7 @@ FAMILIES: dict[str, str] = {
     "flux1": "flowpost.core.models.flux1:Flux1Adapter",
     "sd3": "flowpost.core.models.sd3:SD3Adapter",
     "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
+    "wan2": "flowpost.core.models.wan2:Wan2Adapter",
 }
 
 

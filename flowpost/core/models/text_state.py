@@ -1,4 +1,4 @@
-"""The condition state of the MMDiT families: text token states and a pooled vector."""
+"""The condition states of the pipeline families: text token states, with a pooled vector (MMDiT) or without."""
 
 from __future__ import annotations
 
@@ -32,3 +32,20 @@ class TextState(ConditionState):
             torch.cat([s.encoder_hidden_states for s in states]),
             torch.cat([s.pooled_projections for s in states]),
         )
+
+
+@dataclass
+class TokenState(ConditionState):
+    """Token states alone, as the cross-attention transformers (Wan) consume them."""
+
+    encoder_hidden_states: Tensor
+
+    def __len__(self) -> int:
+        return int(self.encoder_hidden_states.shape[0])
+
+    def index(self, rows: Tensor | list[int]) -> Self:
+        return type(self)(self.encoder_hidden_states[torch.as_tensor(rows, dtype=torch.long)])
+
+    @classmethod
+    def cat(cls, states: Sequence[Self]) -> Self:
+        return cls(torch.cat([s.encoder_hidden_states for s in states]))

@@ -8,7 +8,8 @@ from torch import Tensor
 
 
 class Reward(Protocol):
-    """Scores a batch: ``media`` [B, C, H, W] in [0, 1], one prompt and metadata dict per sample."""
+    """Scores a batch: ``media`` [B, C, H, W] in [0, 1], one prompt and metadata dict per sample; a reward
+    entry with ``frames: clip`` gets videos [B, C, T, H, W] (``FrameSelection``)."""
 
     name: str
 

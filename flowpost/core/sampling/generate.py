@@ -1,4 +1,4 @@
-"""Generate images from a model: the one sampling path of validation grids, evaluation and ``sample``."""
+"""Generate images or videos from a model: the one sampling path of validation grids, evaluation and ``sample``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from torch import Tensor
 
 from flowpost.core.conditions import NULL_PROMPT, ConditionBatch
 from flowpost.core.evaluation.grid import save_grid
+from flowpost.core.evaluation.video import save_video
 from flowpost.core.io import check_output_file
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.ode import sample_ode
 from flowpost.errors import FlowpostError
+
+GRID_FILE, VIDEO_FILE = "grid.png", "sample.mp4"  # what ``sample_prompts`` writes without ``out``
 
 
 def model_device(adapter: ModelAdapter) -> torch.device:
@@ -38,7 +41,7 @@ def generate_images(
     batch_size: int | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """Decoded samples [len(indices), C, H, W] in [0, 1], on the CPU.
+    """Decoded samples [len(indices), C, H, W] (videos: [len(indices), C, T, H, W]) in [0, 1], on the CPU.
 
     Row ``i`` is conditioned on ``conditions[i]`` and starts from the noise addressed by
     ``(seed, stage, 0, indices[i])``, so it does not depend on the batching. ``negative`` is the
@@ -85,18 +88,21 @@ def sample_prompts(
     model_dir: str | Path,
     prompts: list[str],
     *,
-    out: str | Path,
+    out: str | Path | None = None,
     steps: int = 20,
     guidance: float = 1.0,
     seed: int = 0,
     nrow: int | None = None,
     device: torch.device | str | None = None,
-) -> Tensor:
-    """Encode ``prompts``, integrate the ODE from addressed noise, write a PNG grid; returns images.
+) -> tuple[Tensor, Path]:
+    """Encode ``prompts``, integrate the ODE from addressed noise, write the samples; returns them and the file.
 
-    A folder as ``out``, or a file as ``model_dir``, is a FlowpostError before anything is loaded.
+    Images go to a PNG grid; videos to an mp4 (the clips tiled, at the model's ``fps``) or, for an ``out``
+    ending in ``.png``, a grid of their frames. Without ``out``: ``grid.png`` or ``sample.mp4``. A folder as
+    ``out``, or a file as ``model_dir``, is a FlowpostError before anything is loaded.
     """
-    check_output_file(out, where="--out")
+    if out is not None:
+        check_output_file(out, where="--out")
     if Path(model_dir).exists() and not Path(model_dir).is_dir():
         raise FlowpostError(f"{model_dir} is a file; give an export (or saved model) folder", where="sample")
     adapter = load_adapter(model_dir)
@@ -114,5 +120,17 @@ def sample_prompts(
         steps=steps,
         guidance=guidance,
     )
-    save_grid(images, out, nrow=nrow or max(1, int(len(prompts) ** 0.5)))
-    return images
+    video = images.ndim == 5
+    path = Path(out) if out is not None else Path(VIDEO_FILE if video else GRID_FILE)
+    nrow = nrow or max(1, int(len(prompts) ** 0.5))
+    if video and path.suffix == ".mp4":
+        save_video(images, path, fps=adapter.fps, nrow=nrow)
+    elif path.suffix == ".mp4":
+        raise FlowpostError(f"{adapter.family!r} makes images; give a .png file", where="--out")
+    elif video and path.suffix != ".png":
+        raise FlowpostError(
+            f"{adapter.family!r} makes videos; give a .mp4 file (or a .png for a grid of their frames)", where="--out"
+        )
+    else:
+        save_grid(images, path, nrow=nrow)
+    return images, path

@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
+from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH, load_wan2_adapter
 
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.conditions import ConditionBatch
@@ -79,6 +80,14 @@ def flux1_data_dirs(tmp_path_factory: pytest.TempPathFactory, flux1_pipeline_dir
     encode = load_flux1_adapter(flux1_pipeline_dir).encode_conditions
     shape = (3, RESOLUTION, RESOLUTION)
     return write_stage_data(tmp_path_factory.mktemp("flux1-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def wan2_data_dirs(tmp_path_factory: pytest.TempPathFactory, wan2_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The demonstrations as short RGB clips [3, T, H, W] at the tiny Wan size, their prompts encoded by wan2."""
+    encode = load_wan2_adapter(wan2_pipeline_dir).encode_conditions
+    shape = (3, FRAMES, HEIGHT, WIDTH)
+    return write_stage_data(tmp_path_factory.mktemp("wan2-data"), image_shape=shape, encode=encode)
 
 
 def _registered_name(cls: type) -> str:
