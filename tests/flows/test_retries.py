@@ -90,6 +90,7 @@ def test_a_reward_server_going_down_mid_stage_fails_it_resumably(
 
     with json_server(answer) as url:
         config = _with_remote_grpo(tiny_pipeline(), url)
+        config["smoke"] = False  # the smoke profile would cut the four iterations to fewer
         config["stages"]["grpo"]["train"].update(iterations=4, checkpoint_every=1)
         with pytest.raises(FlowpostError, match=r"train.grpo failed.*HTTP 503"):
             pipeline_flow(config, str(tmp_path), retries=1, retry_delay_seconds=0.0)
