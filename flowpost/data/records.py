@@ -18,7 +18,7 @@ class PromptRecord:
 
 @dataclass(frozen=True, eq=False)
 class Demonstration:
-    """A prompt and its target image: float32 [C, H, W] with values in [0, 1].
+    """A prompt and its target image, float32 [C, H, W], or clip, float32 [C, T, H, W], with values in [0, 1].
 
     Compared by identity: the image is an array.
     """
@@ -32,8 +32,8 @@ class Demonstration:
     def __post_init__(self) -> None:
         if not self.key or "." in self.key:
             raise ValueError(f"record key {self.key!r} must be non-empty and contain no dots")
-        if self.image.dtype != np.float32 or self.image.ndim != 3:
+        if self.image.dtype != np.float32 or self.image.ndim not in (3, 4):
             raise ValueError(
-                f"record {self.key!r}: image must be float32 [C, H, W], "
+                f"record {self.key!r}: image must be float32 [C, H, W] or [C, T, H, W], "
                 f"got {self.image.dtype} with shape {tuple(self.image.shape)}"
             )

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from flowpost.core.config.loading import pipeline_to_dict
-from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.config.schema import IMAGE_SOURCES, DatasetConfig, PipelineConfig
 from flowpost.core.io import write_bytes_atomic
+from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
 from flowpost.tasks.graph import Node, NodeKind, build_nodes, fixed_folder, reads_promoted
 
@@ -69,7 +70,7 @@ def dvc_stages(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, A
     for node in nodes:
         deps = ([code_dir] if code_dir else []) + [_dep_path(folders[dep], dep) for dep in node.deps]
         dataset = pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
-        deps += [dataset.path] if dataset is not None and dataset.path else []  # prompt files: DVC hashes them
+        deps += _source_deps(dataset, f"datasets.{node.key}") if dataset is not None else []
         stage: dict[str, Any] = {
             "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
         }
@@ -81,6 +82,13 @@ def dvc_stages(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, A
             stage["always_changed"] = True
         stages[node.id] = stage
     return {"stages": stages}
+
+
+def _source_deps(dataset: DatasetConfig, where: str) -> list[str]:
+    """What an acquisition reads outside the workspace (prompt files, media, tables, shards): DVC hashes them."""
+    if dataset.source in IMAGE_SOURCES:
+        return source_dependencies(dataset, where=where)
+    return [dataset.path] if dataset.path else []
 
 
 def _dep_path(folder: str, node_id: str) -> str:
