@@ -10,7 +10,7 @@ from flowpost.core.config.schema import FrameSampling, PreprocessConfig
 from flowpost.data.preprocess import prepared_image
 from flowpost.data.sources.items import BadItem
 
-TOLERANCE = 1e-4  # seconds: timestamps this close to a sampling time count as on it
+TOLERANCE = 1e-3  # seconds: timestamps this close to a sampling time count as on it (webm rounds to ms)
 
 
 def training_clip(path: Path, frames: FrameSampling, config: PreprocessConfig, *, name: str) -> np.ndarray:
