@@ -50,11 +50,13 @@ def write_clip(path: Path, *, frames: int = 12, fps: int = 12, size: tuple[int, 
 
 
 def save_hf_dataset(path: Path, columns: dict[str, list[Any]], *, image_feature: str | None = "image") -> Path:
-    """``columns`` saved with ``save_to_disk``; ``image_feature`` (a column of encoded bytes) as an ``Image`` feature."""
+    """``columns`` saved with ``save_to_disk``; ``image_feature`` (encoded bytes) as an ``Image`` feature."""
     import datasets
 
     features = {
-        name: datasets.Image() if name == image_feature else datasets.Value("binary" if isinstance(v[0], bytes) else "string")
+        name: datasets.Image()
+        if name == image_feature
+        else datasets.Value("binary" if isinstance(v[0], bytes) else "string")
         for name, v in columns.items()
     }
     values = {n: [{"bytes": b, "path": None} for b in v] if n == image_feature else v for n, v in columns.items()}

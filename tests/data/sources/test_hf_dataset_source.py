@@ -34,7 +34,9 @@ def test_a_saved_dataset_with_an_image_feature_and_extra_columns(tmp_path: Path)
 
     before = source_fingerprint(config, where="d")
     assert source_fingerprint(config, where="d") == before
-    save_hf_dataset(tmp_path / "saved2", {"image": [png_bytes(1), png_bytes(3)], "text": ["one", "two"], "style": ["a", "b"]})
+    save_hf_dataset(
+        tmp_path / "saved2", {"image": [png_bytes(1), png_bytes(3)], "text": ["one", "two"], "style": ["a", "b"]}
+    )
     assert source_fingerprint(_config(tmp_path / "saved2"), where="d") != before
 
 
@@ -47,7 +49,13 @@ def _lab_tiff() -> bytes:
 def test_each_bad_kind_is_counted_and_past_the_threshold_the_node_fails(tmp_path: Path) -> None:
     good = [png_bytes(i) for i in range(15)]
     images = [*good, png_bytes(3)[:40], _lab_tiff(), png_bytes(4), png_bytes(5), png_bytes(6)]
-    captions = [f"shade {i}".encode() for i in range(15)] + [b"cut", b"lab", b"", "caf\xe9".encode("latin-1"), b"x" * 81]
+    captions = [f"shade {i}".encode() for i in range(15)] + [
+        b"cut",
+        b"lab",
+        b"",
+        "caf\xe9".encode("latin-1"),
+        b"x" * 81,
+    ]
     path = save_hf_dataset(tmp_path / "saved", {"picture": images, "caption": captions}, image_feature=None)
     fields = {"image_column": "picture", "max_caption_chars": 80, "preprocess": {"mode": "grayscale"}}
     split = captioned_split(_config(path, **fields, max_bad_fraction=0.5), where="d")
@@ -65,7 +73,9 @@ def test_each_bad_kind_is_counted_and_past_the_threshold_the_node_fails(tmp_path
 
 
 def test_held_out_split(tmp_path: Path) -> None:
-    path = save_hf_dataset(tmp_path / "saved", {"image": [png_bytes(i) for i in range(30)], "text": [f"t{i}" for i in range(30)]})
+    path = save_hf_dataset(
+        tmp_path / "saved", {"image": [png_bytes(i) for i in range(30)], "text": [f"t{i}" for i in range(30)]}
+    )
     split = captioned_split(_config(path, split={"eval": 0.3}), where="d")
     assert 0 < len(split.eval) < 30 and not {r.prompt for r in split.eval} & {r.prompt for r in split.train}
 
@@ -74,7 +84,9 @@ def test_splits_folders_missing_columns_and_foreign_folders_are_named(tmp_path: 
     import datasets
 
     columns = {"image": [{"bytes": png_bytes(), "path": None}], "text": ["x"]}
-    one = datasets.Dataset.from_dict(columns, features=datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")}))
+    one = datasets.Dataset.from_dict(
+        columns, features=datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")})
+    )
     datasets.DatasetDict({"train": one, "test": one}).save_to_disk(str(tmp_path / "dict"))
     with pytest.raises(FlowpostError, match="several splits .train, test.; set path to one of them") as info:
         captioned_split(_config(tmp_path / "dict"), where="datasets.hf")
@@ -90,7 +102,9 @@ def test_splits_folders_missing_columns_and_foreign_folders_are_named(tmp_path: 
 def test_a_hub_id_offline_needs_a_pinned_commit_and_its_cached_files(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub = DatasetConfig(source="hf-dataset", hub={"id": "someone/pets", "split": "train"})
-    with pytest.raises(FlowpostError, match="HF_HUB_OFFLINE is set.*revision 'main'.*set hub.revision to a commit") as info:
+    with pytest.raises(
+        FlowpostError, match="HF_HUB_OFFLINE is set.*revision 'main'.*set hub.revision to a commit"
+    ) as info:
         source_fingerprint(hub, where="datasets.hf")
     assert info.value.where == "datasets.hf.hub" and source_dependencies(hub, where="d") == []
 

@@ -66,7 +66,9 @@ def _clips_with_one_bad_item_of_each_kind(root: Path) -> Path:
     (root / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
     write_clip(root / "long.mp4")
     (root / "long.txt").write_text("x" * 81)
-    lines = [{"file_name": name, "text": f"the {name} clip"} for name in ("cut.mp4", "text.mp4", "short.mp4", "gone.mp4")]
+    lines = [
+        {"file_name": name, "text": f"the {name} clip"} for name in ("cut.mp4", "text.mp4", "short.mp4", "gone.mp4")
+    ]
     with (root / "metadata.jsonl").open("a") as handle:
         handle.write("".join(json.dumps(line) + "\n" for line in lines))
     return root
@@ -86,7 +88,9 @@ def test_each_bad_kind_is_counted_and_past_the_threshold_the_node_fails(tmp_path
         "caption_too_long": 1,
     }
     assert manifest["counts"] == {"train": 10, "eval": 0, "bad": 7}
-    records = read_shards(tmp_path / "out" / "train", json.loads((tmp_path / "out" / "train" / "manifest.json").read_text()))
+    records = read_shards(
+        tmp_path / "out" / "train", json.loads((tmp_path / "out" / "train" / "manifest.json").read_text())
+    )
     assert {r.image.shape for r in records} == {(1, 4, 8, 8)}
 
     with pytest.raises(FlowpostError, match=r"7 of 17 items are bad.*unreadable_video 3.*first: .*cut.mp4") as info:
