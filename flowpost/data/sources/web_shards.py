@@ -22,7 +22,7 @@ from flowpost.core.io import sha256_file
 from flowpost.data.sources.items import SourceItem, caption_field, json_metadata
 from flowpost.errors import FlowpostError, TransientError
 
-DVC_SCHEMES = ("s3", "gs", "gcs", "azure", "az", "hdfs", "http", "https", "ssh", "webhdfs")  # DVC's external deps
+DVC_SCHEMES = ("s3", "gs", "azure", "hdfs", "webhdfs", "http", "https", "ssh")  # what DVC reads as external deps
 
 
 def shard_urls(shards: str | list[str], *, where: str) -> list[str]:
