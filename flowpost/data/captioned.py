@@ -63,7 +63,7 @@ def source_location(config: DatasetConfig) -> str:
 
 
 def source_dependencies(config: DatasetConfig, *, where: str) -> list[str]:
-    """The files and folders a source reads, as DVC dependencies (a hub dataset has none: params pin it)."""
+    """The files and folders any source reads, as DVC dependencies (a hub dataset has none: params pin it)."""
     if config.source == "webdataset":
         assert config.shards is not None
         return shard_dependencies(shard_urls(config.shards, where=f"{where}.shards"))

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from flowpost.core.config.loading import pipeline_to_dict
-from flowpost.core.config.schema import IMAGE_SOURCES, DatasetConfig, PipelineConfig
+from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import write_bytes_atomic
 from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
@@ -80,24 +80,17 @@ def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
     for node in nodes:
         deps = [CODE_FILE, *(_dep_path(folders[dep], dep) for dep in node.deps)]
         dataset = pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
-        deps += _source_deps(dataset, f"datasets.{node.key}") if dataset is not None else []
+        deps += source_dependencies(dataset, where=f"datasets.{node.key}") if dataset is not None else []
         stage: dict[str, Any] = {
             "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
+            "deps": deps,  # DVC hashes what the acquisitions read outside the workspace (prompts, media, shards)
+            "params": _params(node, pipeline),
         }
-        stage["deps"] = deps
-        stage["params"] = _params(node, pipeline)
         stage |= _outs(node, folders[node.id])
         if reads_promoted(node):
             stage["always_changed"] = True
         stages[node.id] = stage
     return {"stages": stages}
-
-
-def _source_deps(dataset: DatasetConfig, where: str) -> list[str]:
-    """What an acquisition reads outside the workspace (prompt files, media, tables, shards): DVC hashes them."""
-    if dataset.source in IMAGE_SOURCES:
-        return source_dependencies(dataset, where=where)
-    return [dataset.path] if dataset.path else []
 
 
 def _dep_path(folder: str, node_id: str) -> str:

@@ -125,7 +125,9 @@ class DatasetConfig(StrictModel):
     @model_validator(mode="after")
     def _fields_for_source(self) -> DatasetConfig:
         if (self.source in PATH_SOURCES) != (self.path is not None) and self.source != "hf-dataset":
-            raise ValueError(f"'path' is required for sources {', '.join(PATH_SOURCES)}, and only for them")
+            raise ValueError(
+                f"'path' is required for sources {', '.join(PATH_SOURCES)} (hf-dataset: path or hub), and only for them"
+            )
         if self.source == "webdataset" and not self.shards:
             raise ValueError("source 'webdataset' reads 'shards': a brace pattern, a URL or a list of them")
         if self.source == "hf-dataset" and (self.path is None) == (self.hub is None):
