@@ -103,7 +103,7 @@ def test_dvc_repro_twice_exp_run_and_push_pull(tmp_path: Path, tiny_pipeline) ->
 
     changed = _sh([*dvc, "exp", "run", "-S", "stages.sft.train.lr=0.0005"], repo)
     ran = {line.split("'")[1] for line in changed.stdout.splitlines() if line.startswith("Running stage")}
-    assert ran == {"train.sft", "eval.sft", "export", "report"}
+    assert ran == {"code", "train.sft", "eval.sft", "export", "report"}
     assert yaml.safe_load((repo / "params.yaml").read_text())["stages"]["sft"]["train"]["lr"] == 0.0005
     metrics = repo / "workspace" / "metrics.json"
     assert json.loads(metrics.read_text())["sft"]["smoke"] is False
