@@ -56,7 +56,7 @@ def hub_commit(hub: HubDataset, *, where: str) -> str:
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        info = HfApi().dataset_info(hub.id, revision=hub.revision)
+        info = HfApi(endpoint=os.environ.get("HF_ENDPOINT")).dataset_info(hub.id, revision=hub.revision)
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
         problem = exc.__class__.__name__
         raise FlowpostError(f"{problem} for {hub.id!r}; fix hub.id or hub.revision", where=where) from None

@@ -4,8 +4,13 @@ held-out split; a hub id is refused offline unless pinned, and an uncached one i
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -99,7 +104,7 @@ def test_splits_folders_missing_columns_and_foreign_folders_are_named(tmp_path: 
         captioned_split(_config(tmp_path / "plain"), where="d")
 
 
-def test_a_hub_id_offline_needs_a_pinned_commit_and_its_cached_files(tmp_path: Path, monkeypatch) -> None:
+def test_a_hub_id_offline_needs_a_pinned_commit(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub = DatasetConfig(source="hf-dataset", hub={"id": "someone/pets", "split": "train"})
     with pytest.raises(
@@ -108,7 +113,9 @@ def test_a_hub_id_offline_needs_a_pinned_commit_and_its_cached_files(tmp_path: P
         source_fingerprint(hub, where="datasets.hf")
     assert info.value.where == "datasets.hf.hub" and source_dependencies(hub, where="d") == []
 
-    # pinned, but not in this (empty) cache: a fresh process, as `flowpost stage` is, names it
+
+@pytest.mark.slow  # a fresh process, as `flowpost stage` is: the hub libraries read HF_HUB_OFFLINE on import
+def test_offline_a_pinned_commit_outside_the_cache_is_named(tmp_path: Path) -> None:
     script = (
         "from flowpost.core.config.schema import DatasetConfig\n"
         "from flowpost.data.captioned import captioned_split\n"
@@ -120,6 +127,55 @@ def test_a_hub_id_offline_needs_a_pinned_commit_and_its_cached_files(tmp_path: P
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert "datasets.hf.hub: cannot load 'someone/pets' at aaaa" in done.stdout, done.stderr
     assert "HF_HUB_OFFLINE set, it is not in the local cache" in done.stdout
+
+
+def test_online_a_hub_revision_is_fingerprinted_by_the_commit_the_hub_names(monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    commits = {"main": "1" * 40}
+    with _hub_server(commits) as endpoint:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # as read when not set at import
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+        hub = DatasetConfig(source="hf-dataset", hub={"id": "someone/pets", "revision": "main"})
+        before = source_fingerprint(hub, where="d")
+        assert source_fingerprint(hub, where="d") == before
+        commits["main"] = "2" * 40  # a push to the branch
+        assert source_fingerprint(hub, where="d") != before
+        missing = DatasetConfig(source="hf-dataset", hub={"id": "someone/gone"})
+        with pytest.raises(FlowpostError, match="RepositoryNotFoundError for 'someone/gone'; fix hub.id") as info:
+            source_fingerprint(missing, where="datasets.hf")
+        assert info.value.where == "datasets.hf.hub"
+
+
+@contextmanager
+def _hub_server(commits: dict[str, str]) -> Iterator[str]:
+    """A local endpoint answering the hub's dataset-info route for ``someone/pets`` at ``commits``' revisions."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            prefix = "/api/datasets/someone/pets/revision/"
+            revision = self.path.split("?")[0].removeprefix(prefix)
+            found = self.path.startswith(prefix) and revision in commits
+            body = json.dumps({"id": "someone/pets", "sha": commits[revision]} if found else {"error": "nope"})
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if not found:
+                self.send_header("X-Error-Code", "RepoNotFound")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_path_and_hub_are_alternatives() -> None:
