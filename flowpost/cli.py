@@ -216,6 +216,14 @@ def dvc_sync(
     typer.echo("\n".join(f"wrote {path}" for path in changed) or "params.yaml and dvc.yaml already in sync")
 
 
+@dvc_app.command("code")
+def dvc_code(out: Annotated[Path, typer.Argument(help="the JSON file to write")]) -> None:
+    """Write the code fingerprint (flowpost's sources, its numeric libraries' versions): DVC's ``code`` stage."""
+    from flowpost.tasks.dvc import write_code_file
+
+    typer.echo(f"code {write_code_file(out)[:12]} -> {out}")
+
+
 @app.command("check-consistency")
 def check_consistency(
     pipeline: PipelineArg = None,

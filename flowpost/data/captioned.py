@@ -1,4 +1,5 @@
-"""Captioned-image sources (``image-folder``, ``table``) as train and held-out demonstrations."""
+"""Captioned-media sources (``image-folder``, ``table``, ``webdataset``, ``hf-dataset``, ``video-folder``)
+as train and held-out demonstrations."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from flowpost.core.config.schema import DatasetConfig
 from flowpost.data.bad_items import BadItems
+from flowpost.data.clips import training_clip
 from flowpost.data.preprocess import training_image
 from flowpost.data.records import Demonstration
+from flowpost.data.sources.hf_dataset import hf_items, hub_fingerprint, saved_fingerprint
 from flowpost.data.sources.image_folder import folder_fingerprint, folder_items
 from flowpost.data.sources.items import BadItem, SourceItem, caption_text
 from flowpost.data.sources.table import table_fingerprint, table_items
+from flowpost.data.sources.video_folder import video_items
+from flowpost.data.sources.web_shards import shard_dependencies, shard_items, shard_urls, shards_fingerprint
 from flowpost.data.splits import held_out
 from flowpost.errors import FlowpostError
 
@@ -31,20 +38,56 @@ class CaptionedSplit:
 
 
 def source_fingerprint(config: DatasetConfig, *, where: str) -> str:
-    """Hash of the files an image source reads: any change to one reruns its acquisition."""
+    """Hash of what a captioned source reads: any change to one of its files reruns its acquisition."""
+    if config.source == "webdataset":
+        assert config.shards is not None
+        return shards_fingerprint(shard_urls(config.shards, where=f"{where}.shards"), where=f"{where}.shards")
+    if config.source == "hf-dataset" and config.hub is not None:
+        return hub_fingerprint(config.hub, where=f"{where}.hub")
     assert config.path is not None
-    if config.source == "image-folder":
-        return folder_fingerprint(Path(config.path), where=f"{where}.path")
-    return table_fingerprint(Path(config.path), image_column=config.image_column, where=f"{where}.path")
+    path, at = Path(config.path), f"{where}.path"
+    if config.source == "table":
+        return table_fingerprint(path, image_column=config.image_column, where=at)
+    if config.source == "hf-dataset":
+        return saved_fingerprint(path, where=at)
+    return folder_fingerprint(path, where=at)
+
+
+def source_location(config: DatasetConfig) -> str:
+    """Where a captioned source reads from, for manifests and logs."""
+    if config.hub is not None:
+        return f"hub:{config.hub.id}"
+    if config.shards is not None:
+        return config.shards if isinstance(config.shards, str) else ", ".join(config.shards)
+    return str(config.path)
+
+
+def source_dependencies(config: DatasetConfig, *, where: str) -> list[str]:
+    """The files and folders any source reads, as DVC dependencies (a hub dataset has none: params pin it)."""
+    if config.source == "webdataset":
+        assert config.shards is not None
+        return shard_dependencies(shard_urls(config.shards, where=f"{where}.shards"))
+    return [config.path] if config.path is not None else []
 
 
 def source_items(config: DatasetConfig, *, where: str) -> Iterator[SourceItem]:
+    captions = config.caption_column
+    if config.source == "webdataset":
+        assert config.shards is not None
+        urls = shard_urls(config.shards, where=f"{where}.shards")
+        keys = {"image_keys": config.image_keys, "caption_keys": config.caption_keys}
+        return shard_items(urls, **keys, caption_column=captions, where=f"{where}.shards")
+    if config.source == "hf-dataset":
+        path = Path(config.path) if config.path is not None else None
+        columns = {"caption_column": captions, "image_column": config.image_column}
+        return hf_items(path=path, hub=config.hub, **columns, where=where)
     assert config.path is not None
-    if config.source == "image-folder":
-        return folder_items(Path(config.path), caption_column=config.caption_column, where=f"{where}.path")
-    return table_items(
-        Path(config.path), caption_column=config.caption_column, image_column=config.image_column, where=f"{where}.path"
-    )
+    path, at = Path(config.path), f"{where}.path"
+    if config.source == "table":
+        return table_items(path, caption_column=captions, image_column=config.image_column, where=at)
+    if config.source == "video-folder":
+        return video_items(path, caption_column=captions, where=at)
+    return folder_items(path, caption_column=captions, where=at)
 
 
 def captioned_split(config: DatasetConfig, *, where: str) -> CaptionedSplit:
@@ -69,6 +112,13 @@ def captioned_split(config: DatasetConfig, *, where: str) -> CaptionedSplit:
 
 def _demonstration(item: SourceItem, config: DatasetConfig) -> Demonstration:
     prompt = caption_text(item.caption, max_chars=config.max_caption_chars)
-    image = training_image(item.image, config.preprocess, name=item.name)
     key = "item-" + hashlib.sha256(item.name.encode()).hexdigest()[:16]
-    return Demonstration(key=key, prompt=prompt, image=image, metadata=item.metadata)
+    return Demonstration(key=key, prompt=prompt, image=_media(item, config), metadata=item.metadata)
+
+
+def _media(item: SourceItem, config: DatasetConfig) -> np.ndarray:
+    """The item's training image [C, H, W], or its clip [C, T, H, W] for a video source."""
+    if config.source == "video-folder":
+        assert isinstance(item.image, Path)
+        return training_clip(item.image, config.frames, config.preprocess, name=item.name)
+    return training_image(item.image, config.preprocess, name=item.name)

@@ -1,4 +1,4 @@
-"""Node ``acquire.<dataset>``: digits shards, manifest and evaluator classifiers, a prompt set, or captioned images."""
+"""Node ``acquire.<dataset>``: digits shards, manifest and evaluator classifiers, a prompt set, or captioned media."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from flowpost.core.evaluation.classifier import (
 )
 from flowpost.core.io import sha256_file, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
-from flowpost.data.captioned import captioned_split, source_fingerprint
+from flowpost.data.captioned import captioned_split, source_fingerprint, source_location
 from flowpost.data.digits import (
     EVAL_TEMPLATES,
     TRAIN_TEMPLATES,
@@ -75,7 +75,7 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str) -> dict[
     held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
     manifest = {
         "source": config.source,
-        "path": str(config.path),
+        "path": source_location(config),
         "files_fingerprint": source_fingerprint(config, where=where),
         "preprocess": config.preprocess.model_dump(mode="json"),
         "counts": {"train": len(split.train), "eval": len(split.eval), "bad": split.bad.total},
@@ -86,7 +86,7 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str) -> dict[
         "classifiers": {},
     }
     write_json_atomic(out_dir / "manifest.json", manifest)
-    log.info("acquired %s: %s", config.path, manifest["counts"])
+    log.info("acquired %s: %s", manifest["path"], manifest["counts"])
     return manifest
 
 

@@ -6,10 +6,16 @@ the durable results only; a training stage's checkpoints are ``persist: true, ca
 killed ``dvc repro`` resumes. ``workspace/promoted.json`` is workspace state outside DVC: the
 promotion gate and stages with ``init: previous`` read it, so their stages are ``always_changed``
 (flowpost still reuses what did not change: a training stage resumes its finished checkpoints).
+
+The code fingerprint (flowpost's sources and the numeric libraries' versions, as the runner hashes
+them) reaches DVC through the ``code`` stage: ``always_changed``, it writes ``workspace/code.json``,
+on which every node's stage depends, so a new flowpost, installed editable or as a package, reruns
+what depends on it, and nothing in the two files depends on where flowpost is installed.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +24,15 @@ import yaml
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import write_bytes_atomic
+from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
-from flowpost.tasks.graph import Node, NodeKind, build_nodes, fixed_folder, reads_promoted
+from flowpost.tasks.graph import Node, NodeKind, build_nodes, code_fingerprint, fixed_folder, reads_promoted
 
 PARAMS_FILE = "params.yaml"
 DVC_FILE = "dvc.yaml"
 WORKSPACE = "workspace"
+CODE_STAGE = "code"
+CODE_FILE = f"{WORKSPACE}/code.json"  # the code fingerprint, the first dependency of every node's stage
 HEADER = "# Written by `flowpost dvc sync`; edit the pipeline file and sync again instead of editing this.\n"
 
 
@@ -61,21 +70,22 @@ def _outs(node: Node, folder: str) -> dict[str, list[Any]]:
     return {"outs": [folder]}
 
 
-def dvc_stages(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, Any]:
-    """The ``dvc.yaml`` mapping; ``code_dir`` (the flowpost sources, relative) becomes a dep when given."""
+def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
+    """The ``dvc.yaml`` mapping: the ``code`` stage, then one stage per node."""
     nodes = build_nodes(pipeline)
     folders = {node.id: f"{WORKSPACE}/{fixed_folder(node, pipeline)}" for node in nodes}
-    stages: dict[str, Any] = {}
+    stages: dict[str, Any] = {
+        CODE_STAGE: {"cmd": f"flowpost dvc code {CODE_FILE}", "always_changed": True, "outs": [CODE_FILE]}
+    }
     for node in nodes:
-        deps = ([code_dir] if code_dir else []) + [_dep_path(folders[dep], dep) for dep in node.deps]
+        deps = [CODE_FILE, *(_dep_path(folders[dep], dep) for dep in node.deps)]
         dataset = pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
-        deps += [dataset.path] if dataset is not None and dataset.path else []  # prompt files: DVC hashes them
+        deps += source_dependencies(dataset, where=f"datasets.{node.key}") if dataset is not None else []
         stage: dict[str, Any] = {
             "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
+            "deps": deps,  # DVC hashes what the acquisitions read outside the workspace (prompts, media, shards)
+            "params": _params(node, pipeline),
         }
-        if deps:
-            stage["deps"] = deps
-        stage["params"] = _params(node, pipeline)
         stage |= _outs(node, folders[node.id])
         if reads_promoted(node):
             stage["always_changed"] = True
@@ -88,22 +98,20 @@ def _dep_path(folder: str, node_id: str) -> str:
     return f"{folder}/final" if node_id.startswith("train.") else folder
 
 
-def render(pipeline: PipelineConfig, *, code_dir: str | None) -> dict[str, str]:
+def render(pipeline: PipelineConfig) -> dict[str, str]:
     """File name -> text of ``params.yaml`` and ``dvc.yaml``."""
     dump = {"sort_keys": False, "default_flow_style": False, "allow_unicode": True, "width": 1000}
     return {
         PARAMS_FILE: HEADER + yaml.safe_dump(pipeline_to_dict(pipeline), **dump),
-        DVC_FILE: HEADER + yaml.safe_dump(dvc_stages(pipeline, code_dir=code_dir), **dump),
+        DVC_FILE: HEADER + yaml.safe_dump(dvc_stages(pipeline), **dump),
     }
 
 
-def code_dir_in(root: Path) -> str | None:
-    """The flowpost package folder relative to ``root`` when it lies inside it (a source checkout)."""
-    package = Path(__file__).resolve().parents[1]
-    try:
-        return package.relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return None
+def write_code_file(path: Path) -> str:
+    """Write the code fingerprint to ``path`` (the ``code`` stage's out) and return it."""
+    fingerprint = code_fingerprint()
+    write_bytes_atomic(path, (json.dumps({"code": fingerprint}, indent=2) + "\n").encode())
+    return fingerprint
 
 
 def sync(pipeline: PipelineConfig, root: Path, *, force: bool = False) -> list[Path]:
@@ -112,7 +120,7 @@ def sync(pipeline: PipelineConfig, root: Path, *, force: bool = False) -> list[P
     A file there without flowpost's ``HEADER`` was written by hand: it is kept, and nothing is
     written, unless ``force``.
     """
-    rendered = {root / name: text for name, text in render(pipeline, code_dir=code_dir_in(root)).items()}
+    rendered = {root / name: text for name, text in render(pipeline).items()}
     changed = [path for path, text in rendered.items() if not path.exists() or path.read_text() != text]
     hand_written = [path for path in changed if path.exists() and not path.read_text().startswith(HEADER)]
     if hand_written and not force:
@@ -128,7 +136,7 @@ def sync(pipeline: PipelineConfig, root: Path, *, force: bool = False) -> list[P
 
 def out_of_sync(pipeline: PipelineConfig, root: Path) -> list[str]:
     """The files under ``root`` that differ from what ``sync`` would write."""
-    rendered = render(pipeline, code_dir=code_dir_in(root))
+    rendered = render(pipeline)
     return [name for name, text in rendered.items() if not (root / name).exists() or (root / name).read_text() != text]
 
 

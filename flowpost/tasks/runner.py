@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flowpost.core.config.loading import pipeline_to_dict
-from flowpost.core.config.schema import ModelConfig, PipelineConfig
+from flowpost.core.config.schema import IMAGE_SOURCES, ModelConfig, PipelineConfig
 from flowpost.core.io import read_json, read_json_object, sha256_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.models.pretrained import PretrainedSource
@@ -59,7 +59,7 @@ from flowpost.tasks.workspace import checked_workspace
 
 log = get_logger(__name__)
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
-SOURCE_FILES = "source files"  # a source: the images, captions and tables an image dataset reads
+SOURCE_FILES = "source files"  # a source: the media, captions, tables or shards a captioned dataset reads
 PRETRAINED = "pretrained weights"  # a source: the files of a stage's or a cache's model.pretrained folder
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
@@ -100,7 +100,7 @@ class PipelineRun:
         dataset = self.pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
         if dataset is not None and dataset.source == "prompt-files":
             found[PROMPT_FILES] = prompt_files_fingerprint(dataset.path, where=f"datasets.{node.key}.path")
-        elif dataset is not None and dataset.path is not None:
+        elif dataset is not None and dataset.source in IMAGE_SOURCES:
             found[SOURCE_FILES] = source_fingerprint(dataset, where=f"datasets.{node.key}")
         if node.kind is NodeKind.PROMOTE:
             found[PROMOTED] = judged_against(self.promoted, deps["export"])

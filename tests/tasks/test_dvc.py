@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from flowpost.core.config.loading import load_pipeline, validate_pipeline
-from flowpost.tasks.dvc import dvc_stages, out_of_sync, render
+from flowpost.tasks.dvc import CODE_FILE, dvc_stages, out_of_sync, render, write_code_file
+from flowpost.tasks.graph import code_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,11 +24,11 @@ def test_committed_dvc_files_match_the_default_pipeline() -> None:
 
 
 def test_each_node_is_a_stage_with_its_params_and_durable_outs(tiny_pipeline) -> None:
-    stages = dvc_stages(validate_pipeline(tiny_pipeline()), code_dir=None)["stages"]
-    assert list(stages) == ["acquire.digits", "conditions.minilm", "train.sft", "eval.sft", "export", "report"]
+    stages = dvc_stages(validate_pipeline(tiny_pipeline()))["stages"]
+    assert list(stages) == ["code", "acquire.digits", "conditions.minilm", "train.sft", "eval.sft", "export", "report"]
     train = stages["train.sft"]
     assert train["cmd"].startswith("flowpost stage train.sft --pipeline params.yaml --workspace workspace")
-    assert train["deps"] == ["workspace/data/digits", "workspace/conditions/minilm"]
+    assert train["deps"] == ["workspace/code.json", "workspace/data/digits", "workspace/conditions/minilm"]
     assert "stages.sft.train" in train["params"] and "stages.sft.callbacks.ema" in train["params"]
     assert not any("trackers" in key or "hang_timeout" in key for key in train["params"])
     assert train["outs"] == [
@@ -35,13 +36,25 @@ def test_each_node_is_a_stage_with_its_params_and_durable_outs(tiny_pipeline) ->
         {"workspace/stages/sft/checkpoints": {"persist": True, "cache": False}},
     ]
     assert "evaluate.after" not in stages["eval.sft"]["params"]
-    assert stages["export"]["deps"] == ["workspace/stages/sft/final", "workspace/eval/sft"]
+    assert stages["export"]["deps"] == ["workspace/code.json", "workspace/stages/sft/final", "workspace/eval/sft"]
     assert stages["report"]["metrics"] == [{"workspace/metrics.json": {"cache": False}}]
+
+
+def test_every_node_depends_on_the_code_stage_which_writes_the_runners_code_fingerprint(
+    tiny_pipeline, tmp_path: Path
+) -> None:
+    stages = dvc_stages(validate_pipeline(tiny_pipeline()))["stages"]
+    assert stages["code"] == {"cmd": f"flowpost dvc code {CODE_FILE}", "always_changed": True, "outs": [CODE_FILE]}
+    assert all(stage["deps"][0] == CODE_FILE for name, stage in stages.items() if name != "code")
+    deps = [dep for stage in stages.values() for dep in stage.get("deps", [])]
+    assert all(dep.startswith("workspace/") for dep in deps)  # none depends on where flowpost is installed
+    write_code_file(tmp_path / "code.json")
+    assert json.loads((tmp_path / "code.json").read_text()) == {"code": code_fingerprint()}
 
 
 def test_params_file_is_the_resolved_pipeline(tiny_pipeline) -> None:
     pipeline = validate_pipeline(tiny_pipeline())
-    params = yaml.safe_load(render(pipeline, code_dir=None)["params.yaml"])
+    params = yaml.safe_load(render(pipeline)["params.yaml"])
     assert validate_pipeline(params) == pipeline
 
 
@@ -82,14 +95,15 @@ def test_dvc_repro_twice_exp_run_and_push_pull(tmp_path: Path, tiny_pipeline) ->
         assert f"Running stage '{node}'" in first.stdout
     assert (repo / "workspace" / "metrics.json").is_file()
     assert (repo / "workspace" / "stages" / "sft" / "checkpoints" / "latest").is_file()
-    again = _sh([*dvc, "repro"], repo)
-    assert "Running stage" not in again.stdout and "up to date" in again.stdout
+    again = _sh([*dvc, "repro"], repo)  # the code stage always runs; the same fingerprint reruns nothing
+    ran = {line.split("'")[1] for line in again.stdout.splitlines() if line.startswith("Running stage")}
+    assert ran == {"code"} and "Stage 'report' didn't change, skipping" in again.stdout
     _sh(["git", "add", "-A"], repo)
     _sh(["git", "commit", "-qm", "pipeline"], repo)
 
     changed = _sh([*dvc, "exp", "run", "-S", "stages.sft.train.lr=0.0005"], repo)
     ran = {line.split("'")[1] for line in changed.stdout.splitlines() if line.startswith("Running stage")}
-    assert ran == {"train.sft", "eval.sft", "export", "report"}
+    assert ran == {"code", "train.sft", "eval.sft", "export", "report"}
     assert yaml.safe_load((repo / "params.yaml").read_text())["stages"]["sft"]["train"]["lr"] == 0.0005
     metrics = repo / "workspace" / "metrics.json"
     assert json.loads(metrics.read_text())["sft"]["smoke"] is False

@@ -77,7 +77,7 @@ def test_a_grpo_stage_rolls_out_the_folder_prompts_and_reruns_when_it_changes(ti
 
 def test_dvc_tracks_the_prompt_path_as_a_dependency(tiny_pipeline, tmp_path: Path) -> None:
     folder = _prompt_folder(tmp_path)
-    stages = dvc_stages(validate_pipeline(_pipeline(tiny_pipeline, folder)), code_dir=None)["stages"]
+    stages = dvc_stages(validate_pipeline(_pipeline(tiny_pipeline, folder)))["stages"]
     assert str(folder) in stages["acquire.prompts"]["deps"]
     assert "workspace/data/prompts" in stages["train.grpo"]["deps"]
 

@@ -26,13 +26,25 @@ INIT_KEYWORDS = ("scratch", "previous")  # model.init values that are not stage 
 EVAL_METRICS = ("adherence", "reward_mean", "fd")  # what an evaluation's metrics.json can be compared on
 
 
-IMAGE_SOURCES = ("image-folder", "table")  # captioned images the user brings
-IMAGE_ONLY = ("caption_column", "image_column", "preprocess", "split", "max_caption_chars", "max_bad_fraction")
-DIGITS_ONLY = ("image_size", "test_fraction")
+IMAGE_SOURCES = ("image-folder", "table", "webdataset", "hf-dataset", "video-folder")  # captioned media the user brings
+CAPTIONED = ("caption_column", "preprocess", "split", "max_caption_chars", "max_bad_fraction")
+SOURCE_FIELDS: dict[str, tuple[str, ...]] = {  # the fields each source reads besides source, path and split_seed
+    "builtin-digits": ("image_size", "test_fraction"),
+    "prompt-files": (),
+    "image-folder": CAPTIONED,
+    "table": (*CAPTIONED, "image_column"),
+    "webdataset": (*CAPTIONED, "shards", "image_keys", "caption_keys"),
+    "hf-dataset": (*CAPTIONED, "image_column", "hub"),
+    "video-folder": (*CAPTIONED, "frames"),
+}
+ALWAYS = ("source", "path", "split_seed")
+PATH_SOURCES = ("prompt-files", "image-folder", "table", "video-folder")  # those that need ``path``
+IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff", "npy")  # webdataset image extensions
+CAPTION_MEMBERS = ("txt", "json")  # webdataset caption extensions: plain text, or a JSON object's caption field
 
 
 class PreprocessConfig(StrictModel):
-    """How acquisition turns a source image into a training image (part of the fingerprint)."""
+    """How acquisition turns a source image (or each frame of a clip) into a training image (fingerprinted)."""
 
     resolution: int = Field(16, ge=8, le=4096, multiple_of=4, description="square side in pixels")
     crop: Literal["center", "random"] = Field(
@@ -48,48 +60,92 @@ class SplitConfig(StrictModel):
     eval: float = Field(0.0, ge=0, lt=1, description="fraction of the items held out for evaluation")
 
 
-class DatasetConfig(StrictModel):
-    """How to acquire one dataset: the built-in digits, prompts from files, or captioned images (``path``)."""
+class FrameSampling(StrictModel):
+    """Which frames of a clip video-folder keeps: ``count`` frames ``1 / fps`` seconds apart from its start."""
 
-    source: Literal["builtin-digits", "prompt-files", "image-folder", "table"]
+    count: int = Field(8, ge=1, le=1024, description="frames per clip; a shorter clip is a bad item")
+    fps: float = Field(8.0, gt=0, le=240, description="the rate the frames are sampled at, whatever the clip's own")
+
+
+class HubDataset(StrictModel):
+    """A dataset on the Hugging Face hub, loaded by ``datasets.load_dataset`` (needs the network unless cached)."""
+
+    id: str = Field(min_length=1, description="the hub id, e.g. 'user/pets'")
+    name: str | None = Field(None, description="the dataset's configuration (subset)")
+    split: str = Field("train", min_length=1, description="the hub split to read")
+    revision: str | None = Field(None, description="a branch, tag or commit; a commit is needed with HF_HUB_OFFLINE")
+
+
+class DatasetConfig(StrictModel):
+    """How to acquire one dataset: the built-in digits, prompts from files, or captioned images or clips."""
+
+    source: Literal[
+        "builtin-digits", "prompt-files", "image-folder", "table", "webdataset", "hf-dataset", "video-folder"
+    ]
     path: str | None = Field(
         None,
-        description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them; image-folder: a folder "
-        "of images; table: a .parquet/.csv/.jsonl file. Relative to the working directory; its contents are a "
-        "source fingerprint",
+        description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them; image-folder / "
+        "video-folder: a folder of images / clips; table: a .parquet/.csv/.jsonl file; hf-dataset: a folder "
+        "written by save_to_disk. Relative to the working directory; its contents are a source fingerprint",
     )
     image_size: int = Field(16, ge=8, le=64, multiple_of=4)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = 0
-    caption_column: str | None = Field(None, description="image sources: the caption field; default text, then caption")
-    image_column: str = Field("image", description="table: the field holding image bytes or a path relative to it")
+    caption_column: str | None = Field(
+        None, description="captioned sources: the caption field (webdataset: of the JSON member); default text, caption"
+    )
+    image_column: str = Field(
+        "image", description="table / hf-dataset: the field holding image bytes, a {bytes, path} struct or a path"
+    )
+    shards: str | list[str] | None = Field(
+        None,
+        description="webdataset: .tar shards, a brace pattern ('shards/train-{000000..000009}.tar') or a list; "
+        "local paths or fsspec URLs",
+    )
+    image_keys: list[str] = Field(
+        ["png", "jpg", "jpeg", "webp", "npy"], min_length=1, description="webdataset: image member extensions, in order"
+    )
+    caption_keys: list[str] = Field(["txt", "json"], min_length=1, description="webdataset: caption member extensions")
+    hub: HubDataset | None = Field(None, description="hf-dataset: a hub dataset instead of a save_to_disk path")
+    frames: FrameSampling = Field(default_factory=FrameSampling)
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     split: SplitConfig = Field(default_factory=SplitConfig)
     max_caption_chars: int | None = Field(None, ge=1, description="longer captions are bad items; default: no limit")
     max_bad_fraction: float = Field(0.05, ge=0, le=1, description="more bad items than this fails the node")
 
+    @field_validator("image_keys", "caption_keys")
+    @classmethod
+    def _readable_members(cls, keys: list[str], info: Any) -> list[str]:
+        allowed = IMAGE_MEMBERS if info.field_name == "image_keys" else CAPTION_MEMBERS
+        foreign = [key for key in keys if key.rpartition(".")[2].lower() not in allowed]
+        if foreign:
+            raise ValueError(f"{', '.join(foreign)}: only members ending in {', '.join(allowed)} are read")
+        return keys
+
     @model_validator(mode="after")
     def _fields_for_source(self) -> DatasetConfig:
-        if (self.source == "builtin-digits") == (self.path is not None):
-            raise ValueError("'path' is required for sources prompt-files, image-folder and table, and only for them")
-        images = self.source in IMAGE_SOURCES
-        unused = [n for n in (DIGITS_ONLY if images else IMAGE_ONLY) if n in self.model_fields_set]
-        if "image_column" in self.model_fields_set and self.source != "table":
-            unused.append("image_column")
+        if (self.source in PATH_SOURCES) != (self.path is not None) and self.source != "hf-dataset":
+            raise ValueError(
+                f"'path' is required for sources {', '.join(PATH_SOURCES)} (hf-dataset: path or hub), and only for them"
+            )
+        if self.source == "webdataset" and not self.shards:
+            raise ValueError("source 'webdataset' reads 'shards': a brace pattern, a URL or a list of them")
+        if self.source == "hf-dataset" and (self.path is None) == (self.hub is None):
+            raise ValueError("source 'hf-dataset' reads one of 'path' (a save_to_disk folder) and 'hub'")
+        own = SOURCE_FIELDS[self.source]
+        unused = [n for n in type(self).model_fields if n in self.model_fields_set and n not in (*ALWAYS, *own)]
         if unused:
-            hint = "use preprocess.resolution and split.eval" if images else "they apply to image-folder and table"
-            raise ValueError(f"{', '.join(unused)} do not apply to source {self.source!r}; {hint}")
+            users = sorted({s for n in unused for s, fields in SOURCE_FIELDS.items() if n in fields})
+            raise ValueError(
+                f"{', '.join(unused)} do not apply to source {self.source!r} (they apply to {', '.join(users)})"
+            )
         return self
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """Each source's own fields only, so the digits and prompt-files keep their params and fingerprints."""
-        data = handler(self)
-        for name in DIGITS_ONLY if self.source in IMAGE_SOURCES else IMAGE_ONLY:
-            data.pop(name, None)
-        if self.source != "table":
-            data.pop("image_column", None)
-        return data
+        own = SOURCE_FIELDS[self.source]
+        return {name: value for name, value in handler(self).items() if name in ALWAYS or name in own}
 
 
 PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype")

@@ -1,1 +1,1 @@
-"""Dataset sources of captioned images: each lists its items and fingerprints the files it reads."""
+"""Dataset sources of captioned media: each lists its items and fingerprints what it reads."""

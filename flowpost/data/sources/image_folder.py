@@ -24,7 +24,7 @@ METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
 def folder_files(root: Path, *, where: str) -> list[Path]:
     """Every file under ``root`` outside hidden folders, in a stable order."""
     if not root.is_dir():
-        raise FlowpostError(f"image folder {str(root)!r} does not exist; create it or fix the path", where=where)
+        raise FlowpostError(f"folder {str(root)!r} does not exist; create it or fix the path", where=where)
     return sorted(
         p
         for p in root.rglob("*")
@@ -37,13 +37,16 @@ def folder_fingerprint(root: Path, *, where: str) -> str:
     return files_fingerprint(root, folder_files(root, where=where))
 
 
-def folder_items(root: Path, *, caption_column: str | None, where: str) -> Iterator[SourceItem]:
-    """The folder's images, metadata-named ones included even when their file is missing, by path."""
+def folder_items(
+    root: Path, *, caption_column: str | None, where: str, suffixes: tuple[str, ...] = IMAGE_SUFFIXES
+) -> Iterator[SourceItem]:
+    """The folder's media files (``suffixes``), metadata-named ones included even when their file is
+    missing, by path."""
     files = folder_files(root, where=where)
     rows = _metadata_rows(root, files)
-    images = {p for p in files if p.suffix.lower() in IMAGE_SUFFIXES} | set(rows)
+    images = {p for p in files if p.suffix.lower() in suffixes} | set(rows)
     if not images:
-        raise FlowpostError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}", where=where)
+        raise FlowpostError(f"no {', '.join(suffixes)} files under {root}", where=where)
     for image in sorted(images):
         name = image.relative_to(root).as_posix()
         if image in rows:

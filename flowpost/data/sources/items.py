@@ -1,4 +1,4 @@
-"""What a source yields: one captioned image, not yet decoded, and the bad items it found on the way."""
+"""What a source yields: one captioned image or clip, not yet decoded, and the bad items it found on the way."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 
 BAD_KINDS = (
     "unreadable_image",  # missing, not an image, or truncated
+    "unreadable_video",  # missing, not a video PyAV decodes, or truncated
+    "short_video",  # fewer frames than frames.count at frames.fps
     "unconvertible_mode",  # a pixel mode that cannot become grayscale or RGB
     "missing_caption",
     "non_utf8_caption",
@@ -28,9 +30,9 @@ class BadItem(Exception):
 
 @dataclass(frozen=True)
 class SourceItem:
-    """One image and its caption: ``name`` identifies it within the source (split and crops hash it),
-    ``where`` locates it for messages; ``image`` is a file or the encoded bytes; ``caption`` is raw
-    (text, bytes, or None when absent)."""
+    """One image (or clip) and its caption: ``name`` identifies it within the source (split and crops
+    hash it), ``where`` locates it for messages; ``image`` is a file or the encoded bytes (a ``.npy``
+    array's included); ``caption`` is raw (text, bytes, or None when absent)."""
 
     name: str
     where: str
@@ -61,6 +63,23 @@ def caption_text(raw: Any, *, max_chars: int | None) -> str:
             "caption_too_long", f"caption has {len(text)} characters, more than max_caption_chars {max_chars}"
         )
     return text
+
+
+def image_cell(base: Path, value: Any) -> Path | bytes:
+    """The image a table cell holds: its bytes (plain or a ``{"bytes", "path"}`` struct, as the ``datasets``
+    library writes images), or the file a path names relative to ``base``; empty bytes (unreadable) otherwise."""
+    path = cell_path(value)
+    if path is not None:
+        return base / path
+    data = value.get("bytes") if isinstance(value, dict) else value
+    return data if isinstance(data, bytes) else b""
+
+
+def cell_path(value: Any) -> str | None:
+    """The path an image cell names (a string, or a struct without bytes), else None."""
+    if isinstance(value, dict) and not value.get("bytes"):
+        value = value.get("path")
+    return value if isinstance(value, str) and value else None
 
 
 def json_metadata(fields: dict[str, Any]) -> dict[str, Any]:
