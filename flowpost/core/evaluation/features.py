@@ -78,7 +78,8 @@ class ImageFeatures:
         for start in range(0, images.shape[0], self.batch_size):
             pixels = self.pixel_values(images[start : start + self.batch_size].to(device))
             if self.kind == "clip":
-                chunks.append(self.model.get_image_features(pixel_values=pixels))
+                pooled = self.model.vision_model(pixel_values=pixels).pooler_output
+                chunks.append(self.model.visual_projection(pooled))
             else:
                 chunks.append(self.model(pixel_values=pixels).pooler_output)
         return torch.cat(chunks).float().to(images.device)
