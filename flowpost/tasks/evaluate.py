@@ -84,7 +84,8 @@ def evaluate_stage(
             values[TRAINED_REWARD] = sum(weight * metric(samples) for metric, weight in trained)
         per_seed.append({"seed": noise_seed, **values})
         if len(per_seed) == 1:
-            save_grid(samples.images[grid_rows(samples)], out_dir / "grid.png", nrow=_grid_columns(samples))
+            shown, columns = _grid(samples)
+            save_grid(samples.images[shown], out_dir / "grid.png", nrow=columns)
     result = _summary(per_seed, headline=config.metrics[0].result_key)
     progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
     result |= {
@@ -120,21 +121,14 @@ def _summary(per_seed: list[dict[str, Any]], *, headline: str) -> dict[str, Any]
     return result
 
 
-def _grid_groups(samples: EvalSamples) -> list[list[int]]:
-    """Sample indices per digit label when every prompt has one, else per prompt; at most 10 groups."""
+def _grid(samples: EvalSamples) -> tuple[list[int], int]:
+    """The grid's sample indices row by row, and its column count: one row per digit label when every
+    prompt has one, else per prompt; at most 10 rows of the same number (at most 10) of samples."""
     labels = [meta.get("label") for meta in samples.metadata]
     if all(label is not None for label in labels):
         groups = [[i for i, label in enumerate(labels) if label == value] for value in sorted(set(labels))]
     else:
         groups = samples.groups()
-    return groups[:GRID_SIDE]
-
-
-def _grid_columns(samples: EvalSamples) -> int:
-    return min(GRID_SIDE, *(len(group) for group in _grid_groups(samples)))
-
-
-def grid_rows(samples: EvalSamples) -> list[int]:
-    """The sample indices of the grid, row by row: one row per group, the same count in each."""
-    columns = _grid_columns(samples)
-    return [i for group in _grid_groups(samples) for i in group[:columns]]
+    groups = groups[:GRID_SIDE]
+    columns = min(GRID_SIDE, *(len(group) for group in groups))
+    return [i for group in groups for i in group[:columns]], columns
