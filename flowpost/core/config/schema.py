@@ -325,6 +325,9 @@ class MetricConfig(StrictModel):
         return data
 
 
+# what an evaluation's metrics.json holds besides the metrics
+RESULT_FIELDS = """trained_reward reward_judge_gap intervals per_seed metrics headline n_samples samples_per_seed
+weights seed eval_seed eval_seeds smoke steps guidance stage step grid""".split()
 DIGITS_METRICS = ("adherence", {"name": "digit_adherence", "key": "reward_mean"}, "fd")  # judge, reward, judge FD
 
 
@@ -364,6 +367,8 @@ class EvaluateConfig(StrictModel):
         keys = [metric.result_key for metric in value or []]
         if twice := sorted({key for key in keys if keys.count(key) > 1}):
             raise ValueError(f"{', '.join(twice)} is listed twice; give one of them another key")
+        if taken := [key for key in keys if key in RESULT_FIELDS]:
+            raise ValueError(f"{', '.join(taken)} is a field of metrics.json already; give the metric another key")
         return value
 
     def noise_seeds(self) -> list[int]:

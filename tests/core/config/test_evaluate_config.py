@@ -52,6 +52,7 @@ def test_an_unknown_metric_names_its_entry_and_the_closest_known_name() -> None:
         ("evaluate.seeds=[1, 1]", "evaluate.seeds: a seed is listed twice"),
         ("evaluate.seeds=[]", "evaluate.seeds: List should have at least 1 item"),
         ("evaluate.metrics=[fd, {name: brightness, key: fd}]", "evaluate.metrics: fd is listed twice"),
+        ("evaluate.metrics=[{name: brightness, key: step}]", "step is a field of metrics.json already"),
         ("evaluate.metrics=[{name: brightness, options: {x: .nan}}]", "is not a finite number"),
     ],
 )
