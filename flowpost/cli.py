@@ -286,7 +286,7 @@ def sample(
 
 
 @app.command("list")
-def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards")]) -> None:
+def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards | metrics")]) -> None:
     """Print a registry."""
     from flowpost.core.registries import registry
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Iterable
 from difflib import get_close_matches
 from typing import Any
@@ -29,3 +30,27 @@ def import_registered(registry: dict[str, str], name: str, *, kind: str, where: 
     if name not in registry:
         raise FlowpostError(unknown_name(kind, name, registry, plural=plural), where=where)
     return import_object(registry[name])
+
+
+def construct(cls: Any, *, kind: str, name: str, options: dict[str, Any], where: str) -> Any:
+    """``cls(**options)`` for the ``kind`` registered as ``name``; bad options name ``where`` and the accepted
+    parameters, and a constructor's error whose ``where`` starts with ``options.`` is reported under ``where``."""
+    signature = inspect.signature(cls)
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        accepted = [
+            parameter.name
+            for parameter in signature.parameters.values()
+            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        ]
+        raise FlowpostError(
+            f"bad options for {kind} {name!r} ({exc}); accepted parameters: {', '.join(accepted) or 'none'}",
+            where=where,
+        ) from None
+    try:
+        return cls(**options)
+    except FlowpostError as exc:
+        if exc.where is None or not exc.where.startswith("options."):
+            raise
+        raise FlowpostError(str(exc).removeprefix(f"{exc.where}: "), where=f"{where}.{exc.where}") from None

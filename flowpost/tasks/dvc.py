@@ -50,7 +50,8 @@ def _params(node: Node, pipeline: PipelineConfig) -> list[str]:
         keys += [f"{stage}.launch.{k}" for k in node.config["launch"]]
         return [*common, *keys]
     if node.kind is NodeKind.EVAL:
-        return [*common, *(f"evaluate.{k}" for k in pipeline.evaluate.model_dump() if k != "after")]
+        evaluate = [f"evaluate.{k}" for k in pipeline.evaluate.model_dump() if k != "after"]
+        return [*common, *evaluate, f"stages.{node.key}.rewards"]
     if node.kind is NodeKind.EXPORT:
         gated = pipeline.export is not None and pipeline.export.promote is not None
         section = ["export.from", "export.formats"] if gated else ["export"]  # the gate is the promote stage's

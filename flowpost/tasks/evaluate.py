@@ -1,31 +1,35 @@
-"""Node ``eval.<stage>``: sample held-out prompts from a stage's weights and score them."""
+"""Node ``eval.<stage>``: sample a dataset's held-out prompts from a stage's weights and score them with
+the configured metrics, once per noise seed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import EvaluateConfig
-from flowpost.core.evaluation.classifier import JUDGE_CLASSIFIER, REWARD_CLASSIFIER, load_classifier
-from flowpost.core.evaluation.digits import EvalPlan, digit_metrics, generate
+from flowpost.core.config.schema import EvaluateConfig, RewardConfig
 from flowpost.core.evaluation.grid import save_grid
+from flowpost.core.evaluation.intervals import summarize
+from flowpost.core.evaluation.plan import EvalPlan, generate
+from flowpost.core.evaluation.registry import build_metric
+from flowpost.core.evaluation.samples import EvalSamples, Metric
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.registry import load_adapter
 from flowpost.data.condition_cache import load_conditions
-from flowpost.data.shards import read_shards
+from flowpost.data.eval_split import read_eval_split
 from flowpost.tasks.weights import stage_weights
 
 SMOKE_SAMPLES = 20
-GRID_COLUMNS = 10  # one row per digit
+GRID_SIDE = 10  # at most 10 rows (one per digit, or per prompt) of 10 samples
+TRAINED_REWARD = "trained_reward"  # the stage's own weighted reward sum on the evaluation samples
+GAP = "reward_judge_gap"  # trained_reward minus the headline metric
 
 
 def evaluate_stage(
     config: EvaluateConfig,
     *,
     stage: str,
+    rewards: list[RewardConfig],
     train_dir: Path,
     dataset_dir: Path,
     conditions_dir: Path,
@@ -34,53 +38,97 @@ def evaluate_stage(
     seed: int,
     smoke: bool = False,
 ) -> dict[str, Any]:
-    """Write ``metrics.json`` and ``grid.png`` for one stage; return the metrics."""
+    """Write ``metrics.json`` and ``grid.png`` for one stage; return the metrics.
+
+    Each metric's value is its mean over the seeds; with several seeds ``intervals`` holds its 95 %
+    interval and ``per_seed`` the values of each. A stage trained on ``rewards`` also gets their
+    weighted sum on the samples (``trained_reward``) and its gap to the headline metric.
+    """
+    assert config.metrics is not None  # the schema fills in or requires them
     weights_dir, weights = stage_weights(train_dir, config.weights)
     adapter = load_adapter(weights_dir)
-    manifest = read_json(dataset_dir / "manifest.json", what="dataset manifest")
-    plan = EvalPlan(
-        prompts=[e["prompt"] for e in manifest["eval_prompts"]],
-        labels=[int(e["label"]) for e in manifest["eval_prompts"]],
-        samples=min(config.samples, SMOKE_SAMPLES) if smoke else config.samples,
-        steps=config.steps,
-        guidance=config.guidance,
-        seed=config.seed,
-        batch_size=config.batch_size,
-    )
-    conditions = load_conditions(conditions_dir, plan.prompts, encoder_fingerprint=encoder_fingerprint)
+    split = read_eval_split(dataset_dir, where="evaluate.dataset")
+    assets = dataset_dir / "assets" if (dataset_dir / "assets").is_dir() else None
+    metrics: dict[str, Metric] = {
+        metric.result_key: build_metric(
+            metric.name, options=metric.options, where=f"evaluate.metrics.{i}", assets_dir=assets
+        )
+        for i, metric in enumerate(config.metrics)
+    }
+    trained = [
+        (build_metric(r.name, options=r.options, where=f"stages.{stage}.rewards.{i}", assets_dir=assets), r.weight)
+        for i, r in enumerate(rewards)
+    ]
+    conditions = load_conditions(conditions_dir, split.prompts, encoder_fingerprint=encoder_fingerprint)
     negative = load_conditions(conditions_dir, [NULL_PROMPT], encoder_fingerprint=encoder_fingerprint)
-    images = generate(adapter, plan, conditions, negative)
-    labels = torch.tensor([plan.labels[r] for r in plan.rows()])
-
-    test_dir = dataset_dir / "test"
-    real = read_shards(test_dir, read_json(test_dir / "manifest.json", what="test manifest"))
-    seen: set[int] = set()
-    real_images = []
-    for record in real:  # each held-out image appears once per template: use it once
-        if record.metadata["index"] not in seen:
-            seen.add(record.metadata["index"])
-            real_images.append(torch.from_numpy(record.image))
-    assets = dataset_dir / "assets"
-    metrics = digit_metrics(
-        images,
-        labels,
-        judge=load_classifier(assets, JUDGE_CLASSIFIER.name),
-        reward=load_classifier(assets, REWARD_CLASSIFIER.name),
-        real_images=torch.stack(real_images),
-    )
-    metrics |= {
+    samples_per_seed = min(config.samples, SMOKE_SAMPLES) if smoke else config.samples
+    per_seed: list[dict[str, Any]] = []
+    for noise_seed in config.noise_seeds():
+        plan = EvalPlan(
+            prompts=split.prompts,
+            samples=samples_per_seed,
+            steps=config.steps,
+            guidance=config.guidance,
+            seed=noise_seed,
+            batch_size=config.batch_size,
+        )
+        rows = plan.rows()
+        samples = EvalSamples(
+            images=generate(adapter, plan, conditions, negative),
+            prompts=[split.prompts[r] for r in rows],
+            metadata=[split.metadata[r] for r in rows],
+            reference=split.reference,
+        )
+        values = {key: metric(samples) for key, metric in metrics.items()}
+        if trained:
+            values[TRAINED_REWARD] = sum(weight * metric(samples) for metric, weight in trained)
+        per_seed.append({"seed": noise_seed, **values})
+        if len(per_seed) == 1:
+            shown, columns = _grid(samples)
+            save_grid(samples.images[shown], out_dir / "grid.png", nrow=columns)
+    result = _summary(per_seed, headline=config.metrics[0].result_key)
+    progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
+    result |= {
+        "metrics": list(metrics),
+        "headline": config.metrics[0].result_key,
+        "n_samples": samples_per_seed * len(per_seed),
+        "samples_per_seed": samples_per_seed,
         "weights": weights,
         "seed": seed,
-        "eval_seed": config.seed,
+        "eval_seed": per_seed[0]["seed"],
+        "eval_seeds": [row["seed"] for row in per_seed],
         "smoke": smoke,
         "steps": config.steps,
         "guidance": config.guidance,
         "stage": stage,
+        "step": int(progress["optimizer_step"]),
+        "grid": str(out_dir / "grid.png"),
     }
-    progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
-    metrics["step"] = int(progress["optimizer_step"])
-    per_digit = [[i for i in range(len(labels)) if int(labels[i]) == d][:GRID_COLUMNS] for d in range(10)]
-    save_grid(images[[i for row in per_digit for i in row]], out_dir / "grid.png", nrow=GRID_COLUMNS)
-    metrics["grid"] = str(out_dir / "grid.png")
-    write_json_atomic(out_dir / "metrics.json", metrics)
-    return metrics
+    write_json_atomic(out_dir / "metrics.json", result)
+    return result
+
+
+def _summary(per_seed: list[dict[str, Any]], *, headline: str) -> dict[str, Any]:
+    """Each value's mean over the seeds; with several seeds its interval and the rows; the reward-judge gap."""
+    keys = [key for key in per_seed[0] if key != "seed"]
+    summaries = {key: summarize([float(row[key]) for row in per_seed]) for key in keys}
+    result: dict[str, Any] = {key: s.mean for key, s in summaries.items()}
+    if TRAINED_REWARD in result:
+        result[GAP] = result[TRAINED_REWARD] - result[headline]
+    if len(per_seed) > 1:
+        result["intervals"] = {key: [s.low, s.high] for key, s in summaries.items()}
+        result["per_seed"] = per_seed
+    return result
+
+
+def _grid(samples: EvalSamples) -> tuple[list[int], int]:
+    """The grid's sample indices row by row, and its column count: one row per digit label when every
+    prompt has one, else per prompt; at most 10 rows of the same number (at most 10) of samples."""
+    labels = [meta.get("label") for meta in samples.metadata]
+    if all(label is not None for label in labels):
+        groups = [[i for i, label in enumerate(labels) if label == value] for value in sorted(set(labels))]
+    else:
+        groups = samples.groups()
+    groups = groups[:GRID_SIDE]
+    columns = min(GRID_SIDE, *(len(group) for group in groups))
+    return [i for group in groups for i in group[:columns]], columns

@@ -95,6 +95,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     evaluate = p.evaluate.model_dump(mode="json")
     evaluate.pop("after")  # which other stages are evaluated does not change this one's result
     for name in p.evaluate.after:
+        rewards = [reward.model_dump(mode="json") for reward in p.stages[name].rewards]  # the reward-judge gap
         deps = [
             f"train.{name}",
             f"acquire.{p.evaluate.dataset}",
@@ -106,7 +107,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 NodeKind.EVAL,
                 name,
                 tuple(deps),
-                {**common, **evaluate},
+                {**common, **evaluate, "rewards": rewards},
             )
         )
     if p.export is not None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
+from flowpost.tasks.evaluate import GAP, TRAINED_REWARD
 from flowpost.tasks.promote import DECISION_FILE
 
-REPORTED = ("adherence", "reward_mean", "fd", "n_samples", "step", "weights", "seed", "smoke")
+RUN_FIELDS = ("n_samples", "step", "weights", "seed", "smoke")
+GAP_FIELDS = (TRAINED_REWARD, GAP)
 
 
 def write_report(
@@ -19,27 +22,34 @@ def write_report(
     out_dirs: list[Path],
     promotion_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """``{stage: {adherence, reward_mean, fd, n_samples, step, weights, seed, smoke}}`` to each out dir;
-    report.md also names the export and the promotion gate's decision."""
+    """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
+    [intervals]}}`` to each out dir; report.md adds the sample grids (embedded), the export and the
+    promotion gate's decision."""
     metrics: dict[str, Any] = {}
-    grids: dict[str, str] = {}
+    headlines: dict[str, str] = {}
     for stage, directory in eval_dirs.items():
         result = read_json(directory / "metrics.json", what=f"evaluation of stage {stage}")
-        metrics[stage] = {key: result[key] for key in REPORTED}
-        grids[stage] = str(directory / "grid.png")
-    lines = [
-        f"# {name}",
-        "",
-        "| stage | adherence | reward_mean | fd | samples | step | weights | smoke |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for stage, m in metrics.items():
-        lines.append(
-            f"| {stage} | {m['adherence']:.3f} | {m['reward_mean']:.3f} | {m['fd']:.2f} | {m['n_samples']} "
-            f"| {m['step']} | {m['weights']} | {m['smoke']} |"
-        )
-    lines += ["", "Sample grids (one row per digit, held-out prompt templates):", ""]
-    lines += [f"- {stage}: `{path}`" for stage, path in grids.items()]
+        keys = [*result["metrics"], *(k for k in GAP_FIELDS if k in result), *RUN_FIELDS]
+        metrics[stage] = {key: result[key] for key in keys}
+        if "intervals" in result:
+            metrics[stage]["intervals"] = result["intervals"]
+        headlines[stage] = result["headline"]
+    lines = [f"# {name}", "", *_table(metrics)]
+    if any(GAP in m for m in metrics.values()):
+        lines += [
+            "",
+            "`trained_reward` is the stage's own reward on the evaluation samples; `reward_judge_gap` is it "
+            "minus the headline metric ("
+            + ", ".join(f"{stage}: `{headlines[stage]}`" for stage, m in metrics.items() if GAP in m)
+            + "). A gap that grows from stage to stage is a reward being learnt rather than the task.",
+        ]
+    if any("intervals" in m for m in metrics.values()):
+        lines += ["", "Values are means over the evaluation seeds, with their 95 % interval in brackets."]
+    lines += ["", "Sample grids (one row per digit or prompt, held-out prompts):", ""]
+    for stage, directory in eval_dirs.items():
+        grid = directory / "grid.png"
+        data = base64.b64encode(grid.read_bytes()).decode("ascii")
+        lines += [f"- {stage}: `{grid}`", "", f"  ![{stage} samples](data:image/png;base64,{data})", ""]
     if export_dir is not None:
         lines += ["", f"Export: `{export_dir}`"]
     if promotion_dir is not None:
@@ -50,3 +60,28 @@ def write_report(
         write_json_atomic(directory / "metrics.json", metrics)
         write_bytes_atomic(directory / "report.md", text.encode())
     return metrics
+
+
+def _table(metrics: dict[str, Any]) -> list[str]:
+    """One row per stage, one column per metric any stage reports (headline first)."""
+    columns: list[str] = []
+    for m in metrics.values():
+        columns += [key for key in m if key not in (*RUN_FIELDS, "intervals") and key not in columns]
+    header = ["stage", *columns, "samples", "step", "weights", "smoke"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for stage, m in metrics.items():
+        cells = [_cell(m, key) for key in columns]
+        lines.append(
+            "| "
+            + " | ".join([stage, *cells, str(m["n_samples"]), str(m["step"]), m["weights"], str(m["smoke"])])
+            + " |"
+        )
+    return lines
+
+
+def _cell(m: dict[str, Any], key: str) -> str:
+    if key not in m:
+        return ""
+    interval = m.get("intervals", {}).get(key)
+    text = f"{m[key]:.4g}"
+    return f"{text} [{interval[0]:.4g}, {interval[1]:.4g}]" if interval else text

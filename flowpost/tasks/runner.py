@@ -264,6 +264,7 @@ def _eval(call: NodeCall) -> dict[str, Any]:
     return evaluate_stage(
         p.evaluate,
         stage=call.node.key,
+        rewards=p.stages[call.node.key].rewards,
         train_dir=run.path(f"train.{call.node.key}"),
         dataset_dir=run.path(f"acquire.{p.evaluate.dataset}"),
         conditions_dir=cond_dir,

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
-from flowpost.core.evaluation.digits import EvalPlan, generate
+from flowpost.core.evaluation.plan import EvalPlan, generate
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.noise import addressed_randn
@@ -55,7 +55,7 @@ def test_matches_a_direct_ode_integration_and_ignores_batching() -> None:
 
 def test_eval_generate_uses_the_eval_noise_address() -> None:
     adapter = TinySD3Adapter.from_scratch(seed=0, overrides=SMALL)
-    plan = EvalPlan(prompts=["a", "b"], labels=[0, 1], samples=4, steps=2, guidance=1.0, seed=7, batch_size=3)
+    plan = EvalPlan(prompts=["a", "b"], samples=4, steps=2, guidance=1.0, seed=7, batch_size=3)
     conditions = _conditions(2)
     images = generate(adapter, plan, conditions, _conditions(1))
     expected = generate_images(

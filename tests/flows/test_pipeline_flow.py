@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def test_flow_runs_every_node_then_reuses_them(prefect_harness, tiny_pipeline, t
     assert table.type == "table"
     rows = json.loads(table.data)
     assert [row["step"] for row in rows] == [1, 2, 3] and all(row["loss"] > 0 for row in rows)
+    report = _artifact("tiny-report")  # the sample grid itself, not only its path
+    grid = next(r.path for r in first if r.node == "eval.sft") / "grid.png"
+    assert report.type == "markdown" and f"base64,{base64.b64encode(grid.read_bytes()).decode()})" in report.data
 
 
 def _artifact(key: str):  # noqa: ANN202

@@ -50,7 +50,7 @@ def _example_run(tmp_path: Path, monkeypatch) -> PipelineRun:
 
 def test_the_folder_sft_example_acquires_and_encodes_the_shipped_folder(tmp_path: Path, monkeypatch) -> None:
     run = _example_run(tmp_path, monkeypatch)
-    assert list(run.nodes) == ["acquire.shapes", "conditions.minilm", "train.sft", "export", "report"]
+    assert list(run.nodes) == ["acquire.shapes", "conditions.minilm", "train.sft", "eval.sft", "export", "report"]
     assert run.execute("acquire.shapes").status == "ran"
     manifest = read_json(run.path("acquire.shapes") / "manifest.json")
     assert manifest["counts"]["train"] + manifest["counts"]["eval"] == 24 and manifest["counts"]["bad"] == 0

@@ -14,9 +14,11 @@ from pydantic import ValidationError
 from flowpost.core.config.schema import DatasetConfig, PipelineConfig, SamplingConfig, StageConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.lazy import unknown_name
+from flowpost.core.logging import get_logger
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
+log = get_logger(__name__)
 
 
 class _Loader(yaml.SafeLoader):
@@ -133,7 +135,47 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         problems += _sampling_problems(name, stage, arguments.paradigm)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
+    if problems := _metric_problems(pipeline):
+        raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
+    for warning in judge_reward_warnings(pipeline):
+        log.warning("%s: %s", source, warning)
     return pipeline
+
+
+def _metric_problems(pipeline: PipelineConfig) -> list[str]:
+    """Metric names no registry knows, and digit-classifier metrics without a digits dataset."""
+    from flowpost.core.evaluation.registry import ASSETS, metric_names, metric_parameters
+
+    evaluate, known = pipeline.evaluate, metric_names()
+    digits = evaluate.dataset is not None and pipeline.datasets[evaluate.dataset].source == "builtin-digits"
+    problems = []
+    for i, metric in enumerate(evaluate.metrics or []):
+        where = f"evaluate.metrics.{i}"
+        if metric.name not in known:
+            problems.append(f"{where}: " + unknown_name("metric", metric.name, known))
+        elif not digits and ASSETS not in metric.options and ASSETS in metric_parameters(metric.name, where=where):
+            problems.append(
+                f"{where}: {metric.name!r} reads the digit classifiers of a builtin-digits dataset, and "
+                f"evaluate.dataset {evaluate.dataset!r} is not one; evaluate on the digits or pick another metric"
+            )
+    return problems
+
+
+def judge_reward_warnings(pipeline: PipelineConfig) -> list[str]:
+    """One warning per evaluated stage trained on the reward that is also the headline metric
+    (``evaluate.metrics.0``): a stage is judged by something it was not trained on."""
+    metrics = pipeline.evaluate.metrics or []
+    if not metrics:
+        return []
+    headline = metrics[0]
+    return [
+        f"stages.{name}.rewards.{i}: stage {name!r} is trained on {reward.name!r}, which is also the headline "
+        f"evaluation metric (evaluate.metrics.0), so the evaluation cannot tell a better model from a hacked "
+        f"reward; list a metric the stage is not trained on first"
+        for name in pipeline.evaluate.after
+        for i, reward in enumerate(pipeline.stages[name].rewards)
+        if reward.name == headline.name
+    ]
 
 
 def _stage_problems(

@@ -378,18 +378,86 @@ class StageConfig(StrictModel):
         return args.smoke() if smoke else args
 
 
+class MetricConfig(StrictModel):
+    """One evaluation metric: a registered metric or reward name, its options, its key in ``metrics.json``."""
+
+    name: str
+    key: Key | None = Field(None, description="its name in metrics.json and the report; default: name")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("options")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if bad := non_finite_keys(value):
+            raise ValueError(f"{', '.join(bad)} is not a finite number; give a finite value")
+        return value
+
+    @property
+    def result_key(self) -> str:
+        return self.key or self.name
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_key(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if self.key is None:
+            data.pop("key", None)
+        return data
+
+
+# what an evaluation's metrics.json holds besides the metrics
+RESULT_FIELDS = """trained_reward reward_judge_gap intervals per_seed metrics headline n_samples samples_per_seed
+weights seed eval_seed eval_seeds smoke steps guidance stage step grid""".split()
+DIGITS_METRICS = ("adherence", {"name": "digit_adherence", "key": "reward_mean"}, "fd")  # judge, reward, judge FD
+
+
 class EvaluateConfig(StrictModel):
-    """Evaluation of stage checkpoints on held-out prompt templates."""
+    """Evaluation of stage checkpoints on a dataset's held-out prompts."""
 
     after: list[str] = Field(default_factory=list)
-    dataset: str | None = Field(None, description="held-out prompts, real images, judge; default: first dataset")
+    dataset: str | None = Field(None, description="held-out prompts and real images; default: first dataset")
     conditions: str | None = Field(None, description="condition cache of the prompts; default: first one")
-    samples: int = Field(500, ge=2, description="at least 2: the Frechet distance needs a covariance")
+    metrics: list[MetricConfig] | None = Field(
+        None,
+        description="registered metrics or rewards; the first is the headline (judge). Default for a builtin-digits "
+        "dataset: adherence, digit_adherence (as reward_mean), fd",
+    )
+    samples: int = Field(500, ge=2, description="per seed; at least 2: a Frechet distance needs a covariance")
     steps: int = Field(20, ge=1)
     guidance: float = Field(1.0, ge=0)
     seed: int = 1234
+    seeds: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="noise seeds; several give each metric's mean and 95 % interval; default: [seed]",
+    )
     batch_size: int = Field(250, ge=1)
     weights: Literal["ema", "live"] = Field("ema", description="ema falls back to live without EMA")
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("a seed is listed twice; list each seed once")
+        return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _distinct_keys(cls, value: list[MetricConfig] | None) -> list[MetricConfig] | None:
+        keys = [metric.result_key for metric in value or []]
+        if twice := sorted({key for key in keys if keys.count(key) > 1}):
+            raise ValueError(f"{', '.join(twice)} is listed twice; give one of them another key")
+        if taken := [key for key in keys if key in RESULT_FIELDS]:
+            raise ValueError(f"{', '.join(taken)} is a field of metrics.json already; give the metric another key")
+        return value
+
+    def noise_seeds(self) -> list[int]:
+        """The seeds the samples are drawn with: ``seeds``, or ``seed`` alone."""
+        return list(self.seeds) if self.seeds is not None else [self.seed]
 
 
 class PromoteConfig(StrictModel):
@@ -465,8 +533,8 @@ class PipelineConfig(StrictModel):
             self.evaluate.conditions = next(iter(self.conditions))
         if self.evaluate.dataset not in self.datasets:
             errors.append(("evaluate.dataset", _unknown("dataset", self.evaluate.dataset, self.datasets)))
-        elif self.evaluate.after and self.datasets[self.evaluate.dataset].source != "builtin-digits":
-            errors.append(("evaluate.dataset", "evaluation needs held-out images and judges; name a digits dataset"))
+        else:
+            errors += self._evaluation_problems(self.datasets[self.evaluate.dataset])
         if self.evaluate.after and self.evaluate.conditions not in self.conditions:
             errors.append(
                 (
@@ -490,6 +558,19 @@ class PipelineConfig(StrictModel):
         if errors:
             raise ValueError("\n  ".join(f"{path}: {msg}" for path, msg in errors))
         return self
+
+    def _evaluation_problems(self, dataset: DatasetConfig) -> list[tuple[str, str]]:
+        """Fills the digits metrics in for a digits dataset; other datasets need metrics and held-out prompts."""
+        if self.evaluate.metrics is None and dataset.source == "builtin-digits":
+            self.evaluate.metrics = [MetricConfig.model_validate(m) for m in DIGITS_METRICS]
+        if not self.evaluate.after:
+            return []
+        name = self.evaluate.dataset
+        if self.evaluate.metrics is None:
+            return [("evaluate.metrics", f"name the metrics for dataset {name!r}, e.g. [brightness, clip_score]")]
+        if dataset.source in IMAGE_SOURCES and dataset.split.eval == 0:
+            return [("evaluate.dataset", f"dataset {name!r} holds nothing out; set datasets.{name}.split.eval")]
+        return []
 
     def _data_problems(self, name: str, data: DataRef) -> list[tuple[str, str]]:
         """Unknown datasets or caches, a prompt set that is not prompt files, a dataset its cache lacks."""

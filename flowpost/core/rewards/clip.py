@@ -23,7 +23,7 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 CLIP_SCORE_SCALE = 100.0
 
 
-def _load(loader: Any, source: str, option: str) -> Any:
+def load_pretrained(loader: Any, source: str, option: str) -> Any:
     """``loader.from_pretrained(source)`` where ``source`` is a local folder or a hub id."""
     folder = Path(source).expanduser()
     if folder.is_dir():
@@ -85,9 +85,9 @@ class ClipSimilarity:
         processor_source = str(model if processor is None else processor)
         self.dtype = DTYPES[dtype]
         self.batch_size = batch_size
-        self.model = _load(CLIPModel, str(model), "model").to(dtype=self.dtype).eval().requires_grad_(False)
-        self.tokenizer = _load(CLIPTokenizer, processor_source, processor_option)
-        self.image_processor = _load(AutoImageProcessor, processor_source, processor_option)
+        self.model = load_pretrained(CLIPModel, str(model), "model").to(dtype=self.dtype).eval().requires_grad_(False)
+        self.tokenizer = load_pretrained(CLIPTokenizer, processor_source, processor_option)
+        self.image_processor = load_pretrained(AutoImageProcessor, processor_source, processor_option)
         resample = int(getattr(self.image_processor, "resample", 3))
         if resample not in RESAMPLING:
             raise FlowpostError(

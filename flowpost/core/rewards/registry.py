@@ -5,8 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from flowpost.core.lazy import import_registered
-from flowpost.errors import FlowpostError
+from flowpost.core.lazy import construct, import_registered
 
 if TYPE_CHECKING:
     from flowpost.core.rewards.base import Reward
@@ -36,23 +35,4 @@ def build_reward(name: str, *, options: dict[str, Any], where: str) -> Reward:
     ``where`` is the config path of this reward entry, used in error messages; a scorer's error whose
     ``where`` starts with ``options.`` is reported under this entry.
     """
-    reward_class = _reward_class(name, where)
-    signature = inspect.signature(reward_class)
-    try:
-        signature.bind(**options)
-    except TypeError as exc:
-        accepted = [
-            parameter.name
-            for parameter in signature.parameters.values()
-            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-        ]
-        raise FlowpostError(
-            f"bad options for reward {name!r} ({exc}); accepted parameters: {', '.join(accepted) or 'none'}",
-            where=where,
-        ) from None
-    try:
-        return reward_class(**options)
-    except FlowpostError as exc:
-        if exc.where is None or not exc.where.startswith("options."):
-            raise
-        raise FlowpostError(str(exc).removeprefix(f"{exc.where}: "), where=f"{where}.{exc.where}") from None
+    return construct(_reward_class(name, where), kind="reward", name=name, options=options, where=where)

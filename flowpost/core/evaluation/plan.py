@@ -1,17 +1,13 @@
-"""Digit-generation metrics: judge adherence, reward-classifier probability, judge-feature FD."""
+"""Which samples an evaluation draws: prompt rows, seeds and sampler settings."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch
-from flowpost.core.evaluation.classifier import DigitClassifier
-from flowpost.core.evaluation.frechet import frechet_distance
 from flowpost.core.models.base import ModelAdapter
-from flowpost.core.rewards.digit_adherence import label_probability
 from flowpost.core.sampling.generate import generate_images
 
 
@@ -20,7 +16,6 @@ class EvalPlan:
     """Sample ``i`` uses prompt ``i % len(prompts)`` and noise addressed by (seed, "eval", i)."""
 
     prompts: list[str]
-    labels: list[int]
     samples: int
     steps: int
     guidance: float
@@ -44,22 +39,3 @@ def generate(adapter: ModelAdapter, plan: EvalPlan, conditions: ConditionBatch, 
         guidance=plan.guidance,
         batch_size=plan.batch_size,
     )
-
-
-@torch.no_grad()
-def digit_metrics(
-    images: Tensor,
-    labels: Tensor,
-    *,
-    judge: DigitClassifier,
-    reward: DigitClassifier,
-    real_images: Tensor,
-) -> dict[str, float]:
-    """``adherence`` (judge argmax = label), ``reward_mean`` (reward P(label)), ``fd`` (judge features)."""
-    judge_logits = judge(images)
-    return {
-        "adherence": float((judge_logits.argmax(-1) == labels).float().mean()),
-        "reward_mean": float(label_probability(reward, images, labels).mean()),
-        "fd": frechet_distance(judge.features(images), judge.features(real_images)),
-        "n_samples": int(images.shape[0]),
-    }

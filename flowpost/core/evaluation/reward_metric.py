@@ -1,0 +1,27 @@
+"""Any reward scorer as a metric: the mean of its scores over the samples."""
+
+from __future__ import annotations
+
+import torch
+
+from flowpost.core.evaluation.samples import EvalSamples
+from flowpost.core.rewards.base import Reward
+from flowpost.errors import FlowpostError
+
+
+class RewardMetric:
+    """The mean score of ``reward`` over all samples, scored as one batch."""
+
+    def __init__(self, reward: Reward) -> None:
+        self.reward = reward
+        self.name = reward.name
+
+    def __call__(self, samples: EvalSamples) -> float:
+        scores = self.reward(samples.images, samples.prompts, samples.metadata)
+        count = samples.images.shape[0]
+        if not isinstance(scores, torch.Tensor) or scores.shape != (count,):
+            shape = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+            raise FlowpostError(f"reward {self.name!r} returned {shape}, expected ({count},) scores")
+        if not bool(torch.isfinite(scores).all()):
+            raise FlowpostError(f"reward {self.name!r} returned non-finite scores")
+        return float(scores.mean())
