@@ -149,6 +149,7 @@ def build_trainer(spec: StageSpec) -> BaseTrainer:
         validation=build_validation(stage.callbacks, spec, inputs),
         sampling=stage.sampling,
         **({"rewards": rewards} if rewards is not None else {}),
+        **({"optimizers": stage.optimizers} if stage.optimizers else {}),
     )
 
 

@@ -1,12 +1,65 @@
-"""Named weight snapshots (reference, EMA, old policy): frozen copies, never trainable modules."""
+"""Live trainable copies of a network, one per role (component variants), and named weight snapshots
+(teacher, reference, EMA, old policy): frozen copies, never trainable modules."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
+
+
+SNAPSHOT_NAMES = ("teacher", "ref", "ema", "old", "anchor")  # frozen or time-shifted weights, never roles
+
+
+class ComponentVariants:
+    """One live trainable copy of a network per role; the first role owns the base network itself.
+
+    Full fine-tuning routes each role to its own deep copy (taken when the variants are declared,
+    so every role starts from the same weights). The copies sit in one ``bundle`` module, keyed by
+    role, which the parallel layout prepares as a whole before any wrapping.
+    """
+
+    def __init__(self, base: nn.Module, roles: Sequence[str]) -> None:
+        problems = role_problems(roles)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.roles = tuple(roles)
+        self.bundle = nn.ModuleDict({self.roles[0]: base})
+        for role in self.roles[1:]:
+            self.bundle[role] = copy.deepcopy(base)
+
+    def __contains__(self, role: str) -> bool:
+        return role in self.roles
+
+    def module(self, role: str) -> nn.Module:
+        """The network that role ``role`` trains and runs."""
+        if role not in self.roles:
+            where = "a frozen snapshot, not a trainable role" if role in SNAPSHOT_NAMES else "not a declared role"
+            raise KeyError(f"{role!r} is {where}; the roles are: {', '.join(self.roles)}")
+        return self.bundle[role]
+
+    def parameters(self, role: str) -> list[nn.Parameter]:
+        """The trainable parameters role ``role`` owns (what its optimizer steps)."""
+        return [param for param in self.module(role).parameters() if param.requires_grad]
+
+
+def role_problems(roles: Sequence[str]) -> list[str]:
+    """Why ``roles`` cannot be a trainer's ordered trainable roles (empty when they can)."""
+    problems = []
+    if not roles:
+        problems.append("at least one trainable role is needed")
+    duplicates = sorted({role for role in roles if list(roles).count(role) > 1})
+    if duplicates:
+        problems.append(f"role {', '.join(map(repr, duplicates))} is declared more than once")
+    frozen = [role for role in roles if role in SNAPSHOT_NAMES]
+    if frozen:
+        problems.append(
+            f"{', '.join(map(repr, frozen))} names frozen weights, which are snapshots (Snapshots.capture), not variants"
+        )
+    return problems
 
 
 class Snapshots:

@@ -1,0 +1,111 @@
+"""DMD2: distribution matching distillation of a frozen teacher into a few-step generator.
+
+Two trainable roles: the ``generator`` (the few-step student; it owns the base weights) and the
+``fake_score`` (a flow model of the generator's current outputs). The real score is the frozen
+``teacher`` snapshot with classifier-free guidance. The generator's samples, noised at a random
+sigma, are pushed along ``x0_fake - x0_real``: the reverse-KL gradient between the generator's
+distribution and the teacher's. Backward simulation: the generator update starts from a state its
+own (stored, gradient-free) rollout reached at a random step. No rewards.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from flowpost.core.conditions import NULL_PROMPT
+from flowpost.core.trainers.distill.distribution_matching import (
+    dmd_generator_loss,
+    dmd_gradient,
+    uniform_sigmas,
+    x0_from_velocity,
+)
+from flowpost.core.trainers.distill.draws import UpdateDraws, rows_at
+from flowpost.core.trainers.distill.scores import (
+    FAKE_SCORE,
+    GENERATOR,
+    TEACHER,
+    DistributionMatchingArguments,
+    ScorePair,
+)
+from flowpost.core.trainers.distill.student_states import student_states
+from flowpost.core.trainers.generation import GenerationTrainer
+from flowpost.core.trainers.matching import flow_matching_loss, noised
+from flowpost.core.trainers.rl.rollout import Rollout
+from flowpost.core.trainers.role_plan import RoleUpdatePlan
+from flowpost.errors import FlowpostError
+
+
+class DMD2Arguments(DistributionMatchingArguments):
+    """``train:`` of a DMD2 stage (the regression and GAN terms of the paper are not used)."""
+
+
+class DMD2Trainer(GenerationTrainer):
+    """Per micro-batch of the generator's rollout: ``ttur`` fake-score updates, then one generator update."""
+
+    Arguments = DMD2Arguments
+    args: DMD2Arguments
+    required_trainable_roles: ClassVar[tuple[str, ...]] = (GENERATOR, FAKE_SCORE)
+    keeps_rollout_states = True
+
+    def setup(self) -> None:
+        where = f"stages.{self.stage}.sampling"
+        if self.sampling.dynamics != "ode" or self.sampling.window is not None:
+            raise FlowpostError(
+                "the few-step generator samples with the ODE over all its steps; set dynamics: ode and no window",
+                where=where,
+            )
+        self.adapter.snapshots.capture(TEACHER, self.adapter.module())
+        self.scores = ScorePair(self.adapter, self.args.real_guidance)
+        self.plan = RoleUpdatePlan(((FAKE_SCORE, self.args.ttur), (GENERATOR, 1)))
+        conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
+        self.null = conditions.lookup([NULL_PROMPT]) if self.args.real_guidance != 1.0 else None
+
+    def sample(self) -> Rollout:
+        return self.generate()
+
+    def optimize(self, samples: Rollout) -> dict[str, float]:
+        return self.train_roles_on_rollout(
+            samples, self.plan, {FAKE_SCORE: self.fake_score_loss, GENERATOR: self.generator_loss}
+        )
+
+    def draws(self, batch: Rollout, tag: str) -> UpdateDraws:
+        return UpdateDraws(self.spec.seed, self.stage, self.progress.rollout_iteration, batch, tag)
+
+    def fake_score_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
+        """Flow matching of the fake score on the generator's (detached) samples at fresh noise and sigma."""
+        device = self.accelerator.device
+        x0 = batch.final.to(device)
+        draws = self.draws(batch, tag)
+        noise = draws.normal("fake-noise", x0)
+        sigma = uniform_sigmas(draws.uniform("fake-sigma", x0), *self.args.sigma_range)
+        state = self.adapter.prepare_condition_state(batch.conditions.to(device))
+        loss = flow_matching_loss(self.scores.fake_velocity(noised(x0, noise, sigma), sigma, state), noise, x0)
+        self.backward(loss * scale)
+        return {"loss": float(loss.detach())}
+
+    def generator_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
+        """The distribution-matching loss of the generator's prediction from a random rollout state."""
+        device = self.accelerator.device
+        draws = self.draws(batch, tag)
+        states, sigmas = student_states(batch, where=f"stages.{self.stage}.sampling")
+        step = draws.index("step", states.shape[1])
+        x = rows_at(states, step).to(device)
+        sigma_k = sigmas[step].to(device, x.dtype)
+        state = self.adapter.prepare_condition_state(batch.conditions.to(device))
+        negative = None
+        if self.null is not None:
+            negative = self.adapter.prepare_condition_state(self.null.index([0] * len(batch)).to(device))
+        with torch.no_grad():  # the target first: the teacher swaps into the generator's weights
+            x0 = x0_from_velocity(x, sigma_k, self.adapter.velocity(x, sigma_k, state))
+            noise = draws.normal("noise", x0)
+            sigma = uniform_sigmas(draws.uniform("sigma", x0), *self.args.sigma_range)
+            x_t = noised(x0, noise, sigma)
+            real = self.scores.real_x0(x_t, sigma, state, negative)
+            fake = self.scores.fake_x0(x_t, sigma, state)
+            gradient = dmd_gradient(x0, real, fake)
+        x0_live = x0_from_velocity(x, sigma_k, self.adapter.velocity(x, sigma_k, state))
+        loss = dmd_generator_loss(x0_live, x0 - gradient).mean()
+        self.backward(loss * scale)
+        return {"loss": float(loss.detach()), "dmd_gradient_norm": float(gradient.flatten(1).norm(dim=1).mean())}

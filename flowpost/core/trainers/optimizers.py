@@ -1,0 +1,110 @@
+"""One optimizer per trainable role (``optimizers:`` of a stage): AdamW, or Muon on the 2-D weights with
+AdamW on the rest; each with its warm-up schedule and its update counter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from flowpost.core.config.base import StrictModel
+
+MUON_BACKENDS = ("ddp",)  # Muon orthogonalises whole matrices: sharded parameters cannot take it
+
+
+class OptimizerConfig(StrictModel):
+    """One role's optimizer: ``adamw``, or ``muon`` (``torch.optim.Muon`` on 2-D weights, AdamW on the rest)."""
+
+    name: Literal["adamw", "muon"] = "adamw"
+    lr: float = Field(gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = Field(0.95, gt=0, lt=1, description="muon: momentum of the orthogonalised update")
+    adamw_lr: float | None = Field(None, gt=0, description="muon: lr of the AdamW part; default: lr")
+    warmup_steps: int = Field(0, ge=0, description="this role's updates of linear learning-rate warm-up")
+
+    @model_validator(mode="after")
+    def _muon_only(self) -> OptimizerConfig:
+        if self.name != "muon" and "adamw_lr" in self.model_fields_set:
+            raise ValueError("adamw_lr applies to name: muon only; remove it or set name: muon")
+        return self
+
+
+def muon_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """``(matrices, rest)``: the trainable 2-D weights Muon orthogonalises, and everything AdamW keeps
+    (biases, norms, convolutions, embeddings of other ranks)."""
+    matrices, rest = [], []
+    for _, param in parameters:
+        if param.requires_grad:
+            (matrices if param.ndim == 2 else rest).append(param)
+    return matrices, rest
+
+
+class RoleOptimizer:
+    """The optimizers of one role stepped as one: ``step``, ``zero_grad``, a warm-up schedule, a counter.
+
+    ``optimizer`` is the list of torch optimizers, the form the parallel layouts read and write
+    (``get_optimizer_state_dict`` takes several).
+    """
+
+    def __init__(self, role: str, parameters: list[nn.Parameter], optimizers: list[torch.optim.Optimizer], *,
+                 warmup_steps: int) -> None:
+        self.role = role
+        self.parameters = parameters
+        self.optimizer = optimizers
+        self.scheduler = RoleSchedule(optimizers, warmup_steps)
+        self.updates = 0
+
+    def step(self) -> None:
+        for optimizer in self.optimizer:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizer:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class RoleSchedule:
+    """Linear warm-up over a role's updates, the same for each of its optimizers."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer], warmup_steps: int) -> None:
+        def factor(step: int) -> float:
+            return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(optimizer, factor) for optimizer in optimizers]
+
+    def step(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def get_last_lr(self) -> list[float]:
+        return self.schedulers[0].get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedulers": [scheduler.state_dict() for scheduler in self.schedulers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for scheduler, saved in zip(self.schedulers, state["schedulers"], strict=True):
+            scheduler.load_state_dict(saved)
+
+
+def build_role_optimizer(role: str, network: nn.Module, config: OptimizerConfig) -> RoleOptimizer:
+    """``config``'s optimizer(s) over the trainable parameters of ``network`` (role ``role``'s copy)."""
+    named = [(name, param) for name, param in network.named_parameters() if param.requires_grad]
+    parameters = [param for _, param in named]
+    if config.name == "muon":
+        matrices, rest = muon_groups(named)
+        optimizers: list[torch.optim.Optimizer] = [
+            torch.optim.Muon(matrices, lr=config.lr, weight_decay=config.weight_decay, momentum=config.momentum)
+        ]
+        if rest:
+            lr = config.adamw_lr or config.lr
+            optimizers.append(torch.optim.AdamW(rest, lr=lr, betas=config.betas, weight_decay=config.weight_decay))
+    else:
+        optimizers = [
+            torch.optim.AdamW(parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
+        ]
+    return RoleOptimizer(role, parameters, optimizers, warmup_steps=config.warmup_steps)
