@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 from torch import nn
 
 from flowpost.core.config.base import StrictModel
 
+MUON_ONLY = ("momentum", "adamw_lr")
 MUON_BACKENDS = ("ddp",)  # Muon orthogonalises whole matrices: sharded parameters cannot take it
 
 
@@ -28,9 +29,19 @@ class OptimizerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _muon_only(self) -> OptimizerConfig:
-        if self.name != "muon" and "adamw_lr" in self.model_fields_set:
-            raise ValueError("adamw_lr applies to name: muon only; remove it or set name: muon")
+        unused = [key for key in MUON_ONLY if key in self.model_fields_set]
+        if self.name != "muon" and unused:
+            raise ValueError(f"{', '.join(unused)} apply to name: muon only; remove them or set name: muon")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_muon_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """AdamW entries without Muon's fields (the re-validated form must not set them)."""
+        data = handler(self)
+        if self.name != "muon":
+            for key in MUON_ONLY:
+                data.pop(key, None)
+        return data
 
 
 def muon_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
