@@ -10,7 +10,6 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-
 SNAPSHOT_NAMES = ("teacher", "ref", "ema", "old", "anchor")  # frozen or time-shifted weights, never roles
 
 
@@ -57,7 +56,7 @@ def role_problems(roles: Sequence[str]) -> list[str]:
     frozen = [role for role in roles if role in SNAPSHOT_NAMES]
     if frozen:
         problems.append(
-            f"{', '.join(map(repr, frozen))} names frozen weights, which are snapshots (Snapshots.capture), not variants"
+            f"{', '.join(map(repr, frozen))} names frozen weights: a snapshot (Snapshots.capture), not a variant"
         )
     return problems
 

@@ -12,8 +12,8 @@ from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
-from flowpost.core.trainers.role_plan import RoleUpdatePlan
 from flowpost.core.trainers.rl.rollout import Rollout
+from flowpost.core.trainers.role_plan import RoleUpdatePlan
 from flowpost.core.trainers.rollout_engine import RolloutEngine
 from flowpost.errors import FlowpostError
 

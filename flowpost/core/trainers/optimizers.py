@@ -61,8 +61,9 @@ class RoleOptimizer:
     (``get_optimizer_state_dict`` takes several).
     """
 
-    def __init__(self, role: str, parameters: list[nn.Parameter], optimizers: list[torch.optim.Optimizer], *,
-                 warmup_steps: int) -> None:
+    def __init__(
+        self, role: str, parameters: list[nn.Parameter], optimizers: list[torch.optim.Optimizer], *, warmup_steps: int
+    ) -> None:
         self.role = role
         self.parameters = parameters
         self.optimizer = optimizers
@@ -115,7 +116,5 @@ def build_role_optimizer(role: str, network: nn.Module, config: OptimizerConfig)
             lr = config.adamw_lr or config.lr
             optimizers.append(torch.optim.AdamW(rest, lr=lr, betas=config.betas, weight_decay=config.weight_decay))
     else:
-        optimizers = [
-            torch.optim.AdamW(parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
-        ]
+        optimizers = [torch.optim.AdamW(parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)]
     return RoleOptimizer(role, parameters, optimizers, warmup_steps=config.warmup_steps)

@@ -144,7 +144,11 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             validation=build_validation(callback_config, spec, inputs),
             sampling=SamplingConfig.model_validate(sampling or {}),
             **({"rewards": built_rewards} if built_rewards is not None else {}),
-            **({"optimizers": {k: OptimizerConfig.model_validate(v) for k, v in optimizers.items()}} if optimizers else {}),
+            **(
+                {"optimizers": {k: OptimizerConfig.model_validate(v) for k, v in optimizers.items()}}
+                if optimizers
+                else {}
+            ),
         )
 
     return make

@@ -8,6 +8,7 @@ import torch
 from flowpost.core.trainers.distill.distribution_matching import dmd_generator_loss, dmd_gradient
 from flowpost.core.trainers.distill.dmd2 import DMD2Trainer
 from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR, TEACHER
+from flowpost.errors import FlowpostError
 
 SMALL = {"prompts_per_iteration": 4, "group_size": 1, "rollout_batch_size": 4, "train_batch_size": 4}
 SAMPLING = {"dynamics": "ode", "steps": 2, "guidance": 1.0}
@@ -15,7 +16,7 @@ OPTIMIZERS = {GENERATOR: {"lr": 1e-3}, FAKE_SCORE: {"lr": 2e-3}}
 
 
 def _dmd2(make_trainer, out, **args):
-    options = {**SMALL, "iterations": 2, "ttur": 3, **args}
+    options = {**SMALL, "iterations": 2, "ttur": 2, **args}
     return make_trainer(out, cls=DMD2Trainer, sampling=SAMPLING, optimizers=OPTIMIZERS, **options)
 
 
@@ -54,15 +55,62 @@ def test_fake_score_updates_ttur_times_then_the_generator_once_each_touching_onl
 
     trainer.step_role = recording
     trainer.start()
-    assert order == [(FAKE_SCORE, False, True)] * 3 + [(GENERATOR, True, False)]
-    assert trainer.roles[FAKE_SCORE].updates == 3 and trainer.progress.optimizer_step == 1
+    assert order == [(FAKE_SCORE, False, True)] * 2 + [(GENERATOR, True, False)]
+    assert trainer.roles[FAKE_SCORE].updates == 2 and trainer.progress.optimizer_step == 1
     assert TEACHER in trainer.adapter.snapshots
 
 
 def test_each_role_has_its_own_optimizer_over_its_own_parameters(make_trainer, tmp_path):
     trainer = _dmd2(make_trainer, tmp_path)
-    owned = {role: {id(p) for o in opt.optimizer for g in o.param_groups for p in g["params"]}
-             for role, opt in trainer.roles.items()}
+    owned = {
+        role: {id(p) for o in opt.optimizer for g in o.param_groups for p in g["params"]}
+        for role, opt in trainer.roles.items()
+    }
     networks = {role: {id(p) for p in trainer.adapter.variants.module(role).parameters()} for role in owned}
     assert owned == networks and not owned[GENERATOR] & owned[FAKE_SCORE]
     assert [o.param_groups[0]["lr"] for o in trainer.roles[FAKE_SCORE].optimizer] == [2e-3]
+
+
+def _role_state(trainer):
+    weights = {role: trainer.adapter.variants.module(role).state_dict() for role in (GENERATOR, FAKE_SCORE)}
+    moments = {
+        role: [state["exp_avg"] for o in opt.optimizer for state in o.state.values()]
+        for role, opt in trainer.roles.items()
+    }
+    return weights, moments
+
+
+def test_a_resumed_dmd2_stage_matches_an_uninterrupted_one_in_every_role(make_trainer, tmp_path):
+    settings = {"iterations": 2, "callbacks": {"ema": {"decay": 0.9}}}
+    straight = _dmd2(make_trainer, tmp_path / "straight", resume=False, **settings)
+    straight.start()
+    _dmd2(make_trainer, tmp_path / "resumed", checkpoint_every=1, **{**settings, "iterations": 1}).start()
+    resumed = _dmd2(make_trainer, tmp_path / "resumed", checkpoint_every=1, **settings)
+    resumed.start()
+    assert resumed.progress == straight.progress and resumed.progress.optimizer_step == 2
+    assert resumed.roles[FAKE_SCORE].updates == straight.roles[FAKE_SCORE].updates == 4
+    (weights_a, moments_a), (weights_b, moments_b) = _role_state(straight), _role_state(resumed)
+    for role in weights_a:
+        assert all(torch.equal(weights_a[role][k], weights_b[role][k]) for k in weights_a[role])
+        assert len(moments_a[role]) == len(moments_b[role]) > 0
+        assert all(torch.equal(a, b) for a, b in zip(moments_a[role], moments_b[role], strict=True))
+    for name in (TEACHER, "ema"):
+        a, b = straight.adapter.snapshots.state_dict(name), resumed.adapter.snapshots.state_dict(name)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    teacher = straight.adapter.snapshots.state_dict(TEACHER)
+    live = dict(straight.adapter.variants.module(GENERATOR).named_parameters())
+    assert any(not torch.equal(teacher[k], live[k].detach()) for k in teacher)  # the teacher stayed frozen
+
+
+def test_guided_real_scores_need_and_use_the_null_prompt(make_trainer, tmp_path):
+    trainer = _dmd2(make_trainer, tmp_path, iterations=1, real_guidance=3.0)
+    assert trainer.null is not None and len(trainer.null) == 1
+    trainer.start()
+    assert trainer.progress.optimizer_step == 1
+
+
+def test_the_student_must_sample_with_the_ode_over_all_its_steps(make_trainer, tmp_path):
+    with pytest.raises(FlowpostError, match="dynamics: ode"):
+        make_trainer(
+            tmp_path, cls=DMD2Trainer, sampling={"dynamics": "flow-sde", "steps": 2}, optimizers=OPTIMIZERS, **SMALL
+        )

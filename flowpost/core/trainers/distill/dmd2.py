@@ -10,11 +10,13 @@ own (stored, gradient-free) rollout reached at a random step. No rewards.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
+from torch import Tensor
 
-from flowpost.core.conditions import NULL_PROMPT
+from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.trainers.distill.distribution_matching import (
     dmd_generator_loss,
     dmd_gradient,
@@ -74,6 +76,26 @@ class DMD2Trainer(GenerationTrainer):
         return UpdateDraws(self.spec.seed, self.stage, self.progress.rollout_iteration, batch, tag)
 
     def fake_score_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
+        """Backpropagate ``fake_score_objective`` times ``scale``; its metrics."""
+        loss = self.fake_score_objective(batch, tag)
+        self.backward(loss * scale)
+        return {"loss": float(loss.detach())}
+
+    def generator_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
+        """Backpropagate each of ``generator_objectives`` times ``scale``; their summed value."""
+        total = 0.0
+        for loss in self.generator_objectives(batch, tag):
+            self.backward(loss * scale)
+            total += float(loss.detach())
+        return {"loss": total}
+
+    def negative_state(self, rows: int) -> ConditionState | None:
+        """The null-prompt condition state for the teacher's guidance (None without guidance)."""
+        if self.null is None:
+            return None
+        return self.adapter.prepare_condition_state(self.null.index([0] * rows).to(self.accelerator.device))
+
+    def fake_score_objective(self, batch: Rollout, tag: str) -> Tensor:
         """Flow matching of the fake score on the generator's (detached) samples at fresh noise and sigma."""
         device = self.accelerator.device
         x0 = batch.final.to(device)
@@ -81,11 +103,9 @@ class DMD2Trainer(GenerationTrainer):
         noise = draws.normal("fake-noise", x0)
         sigma = uniform_sigmas(draws.uniform("fake-sigma", x0), *self.args.sigma_range)
         state = self.adapter.prepare_condition_state(batch.conditions.to(device))
-        loss = flow_matching_loss(self.scores.fake_velocity(noised(x0, noise, sigma), sigma, state), noise, x0)
-        self.backward(loss * scale)
-        return {"loss": float(loss.detach())}
+        return flow_matching_loss(self.scores.fake_velocity(noised(x0, noise, sigma), sigma, state), noise, x0)
 
-    def generator_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
+    def generator_objectives(self, batch: Rollout, tag: str) -> Iterator[Tensor]:
         """The distribution-matching loss of the generator's prediction from a random rollout state."""
         device = self.accelerator.device
         draws = self.draws(batch, tag)
@@ -94,18 +114,13 @@ class DMD2Trainer(GenerationTrainer):
         x = rows_at(states, step).to(device)
         sigma_k = sigmas[step].to(device, x.dtype)
         state = self.adapter.prepare_condition_state(batch.conditions.to(device))
-        negative = None
-        if self.null is not None:
-            negative = self.adapter.prepare_condition_state(self.null.index([0] * len(batch)).to(device))
         with torch.no_grad():  # the target first: the teacher swaps into the generator's weights
             x0 = x0_from_velocity(x, sigma_k, self.adapter.velocity(x, sigma_k, state))
             noise = draws.normal("noise", x0)
             sigma = uniform_sigmas(draws.uniform("sigma", x0), *self.args.sigma_range)
             x_t = noised(x0, noise, sigma)
-            real = self.scores.real_x0(x_t, sigma, state, negative)
+            real = self.scores.real_x0(x_t, sigma, state, self.negative_state(len(batch)))
             fake = self.scores.fake_x0(x_t, sigma, state)
             gradient = dmd_gradient(x0, real, fake)
         x0_live = x0_from_velocity(x, sigma_k, self.adapter.velocity(x, sigma_k, state))
-        loss = dmd_generator_loss(x0_live, x0 - gradient).mean()
-        self.backward(loss * scale)
-        return {"loss": float(loss.detach()), "dmd_gradient_norm": float(gradient.flatten(1).norm(dim=1).mean())}
+        yield dmd_generator_loss(x0_live, x0 - gradient).mean()

@@ -16,7 +16,9 @@ def student_states(rollout: Rollout, *, where: str) -> tuple[Tensor, Tensor]:
         raise FlowpostError("the distiller reads the student's stored rollout states; none were stored", where=where)
     steps = rollout.steps.tolist()
     if steps != list(range(len(steps))):
-        raise FlowpostError(f"the stored steps {steps} are not the whole trajectory; remove sampling.window", where=where)
+        raise FlowpostError(
+            f"the stored steps {steps} are not the whole trajectory; remove sampling.window", where=where
+        )
     states = torch.cat([rollout.latents, rollout.next_latents[:, -1:]], dim=1)
     final = torch.zeros(1, dtype=rollout.sigmas.dtype)  # every inference grid ends at sigma 0
     return states, torch.cat([rollout.sigmas, rollout.sigmas_next[-1:], final])

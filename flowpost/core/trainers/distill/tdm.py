@@ -9,6 +9,7 @@ capped SNR and an importance weight of the mixed noise.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
@@ -23,8 +24,8 @@ from flowpost.core.trainers.distill.distribution_matching import (
     tdm_generator_loss,
     x0_from_velocity,
 )
-from flowpost.core.trainers.distill.draws import UpdateDraws, rows_at
 from flowpost.core.trainers.distill.dmd2 import DMD2Trainer
+from flowpost.core.trainers.distill.draws import UpdateDraws, rows_at
 from flowpost.core.trainers.distill.scores import DistributionMatchingArguments
 from flowpost.core.trainers.distill.student_states import student_states
 from flowpost.core.trainers.rl.rollout import Rollout
@@ -61,7 +62,7 @@ class TDMTrainer(DMD2Trainer):
             zeta = draws.normal("zeta", x)
             return x0, sigma_t, renoise_between(x_next, sigma_next, sigma_t, zeta), zeta
 
-    def fake_score_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
+    def fake_score_objective(self, batch: Rollout, tag: str) -> Tensor:
         """The fake score's weighted x0 regression at a re-noised state of a random step per sample."""
         device = self.accelerator.device
         draws = self.draws(batch, tag)
@@ -75,19 +76,15 @@ class TDMTrainer(DMD2Trainer):
             sigma_t, mixed_noise(x_t, x0, sigma_t), zeta, snr_cap=self.args.snr_cap, clip=self.args.importance_clip
         )
         error = (self.scores.fake_x0(x_t, sigma_t, state).float() - x0.float()).pow(2).flatten(1).mean(1)
-        loss = (weights.float() * error).mean()
-        self.backward(loss * scale)
-        return {"loss": float(loss.detach()), "weight_mean": float(weights.mean())}
+        return (weights.float() * error).mean()
 
-    def generator_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
-        """The mean over the K steps of the per-step distribution-matching loss (one backward each)."""
+    def generator_objectives(self, batch: Rollout, tag: str) -> Iterator[Tensor]:
+        """Each of the K steps' distribution-matching loss, divided by K (backpropagated one by one)."""
         device = self.accelerator.device
         states, sigmas = student_states(batch, where=f"stages.{self.stage}.sampling")
         state = self.adapter.prepare_condition_state(batch.conditions.to(device))
-        negative = None
-        if self.null is not None:
-            negative = self.adapter.prepare_condition_state(self.null.index([0] * len(batch)).to(device))
-        steps, total = states.shape[1], 0.0
+        negative = self.negative_state(len(batch))
+        steps = states.shape[1]
         for k in range(steps):
             draws = self.draws(batch, f"{tag}-step-{k}")
             x = states[:, k].to(device)
@@ -98,7 +95,4 @@ class TDMTrainer(DMD2Trainer):
                 real = self.scores.real_x0(x_t, sigma_t, state, negative)
                 fake = self.scores.fake_x0(x_t, sigma_t, state)
             x0_live = x0_from_velocity(x, sigma, self.adapter.velocity(x, sigma, state))
-            loss = tdm_generator_loss(x0_live, real, fake, huber_c=self.args.huber_c).mean() / steps
-            self.backward(loss * scale)
-            total += float(loss.detach())
-        return {"loss": total}
+            yield tdm_generator_loss(x0_live, real, fake, huber_c=self.args.huber_c).mean() / steps
