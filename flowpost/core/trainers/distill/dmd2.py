@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
@@ -40,7 +41,18 @@ from flowpost.errors import FlowpostError
 
 
 class DMD2Arguments(DistributionMatchingArguments):
-    """``train:`` of a DMD2 stage (the regression and GAN terms of the paper are not used)."""
+    """``train:`` of a DMD2 stage (the paper's optional regression and GAN terms are not implemented)."""
+
+    sigma_range: tuple[float, float] = Field(
+        (0.02, 0.98), description="the fake-score training sigmas and the perturbation sigmas are uniform here"
+    )
+
+    @model_validator(mode="after")
+    def _sigmas_inside(self) -> DMD2Arguments:
+        low, high = self.sigma_range
+        if not 0 < low < high < 1:
+            raise ValueError(f"sigma_range {self.sigma_range} must satisfy 0 < low < high < 1")
+        return self
 
 
 class DMD2Trainer(GenerationTrainer):
@@ -106,7 +118,10 @@ class DMD2Trainer(GenerationTrainer):
         return flow_matching_loss(self.scores.fake_velocity(noised(x0, noise, sigma), sigma, state), noise, x0)
 
     def generator_objectives(self, batch: Rollout, tag: str) -> Iterator[Tensor]:
-        """The distribution-matching loss of the generator's prediction from a random rollout state."""
+        """The distribution-matching loss of the generator's prediction from a random rollout state.
+
+        Each yielded loss must be backpropagated before the next is asked for (the teacher swaps into
+        the generator's weights in place)."""
         device = self.accelerator.device
         draws = self.draws(batch, tag)
         states, sigmas = student_states(batch, where=f"stages.{self.stage}.sampling")

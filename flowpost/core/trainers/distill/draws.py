@@ -47,4 +47,4 @@ class UpdateDraws:
 
 def rows_at(states: Tensor, index: Tensor) -> Tensor:
     """``states[b, index[b]]`` for every row ``b`` of ``states`` [B, K, ...]."""
-    return states[torch.arange(states.shape[0]), index]
+    return states[torch.arange(states.shape[0], device=states.device), index.to(states.device)]

@@ -32,15 +32,9 @@ class DistributionMatchingArguments(OnlineArguments):
     group_size: int = Field(1, ge=1)
     ttur: int = Field(5, ge=1, description="fake-score updates per generator update")
     real_guidance: float = Field(1.0, ge=0, description="classifier-free guidance of the teacher (real score)")
-    sigma_range: tuple[float, float] = Field(
-        (0.02, 0.98), description="the fake-score training sigmas and DMD2's perturbation sigmas are uniform here"
-    )
 
     @model_validator(mode="after")
     def _one_pass(self) -> DistributionMatchingArguments:
-        low, high = self.sigma_range
-        if not 0 < low < high < 1:
-            raise ValueError(f"sigma_range {self.sigma_range} must satisfy 0 < low < high < 1")
         if self.gradient_accumulation_steps != 1 or self.inner_epochs != 1:
             raise ValueError("each update steps at once: gradient_accumulation_steps and inner_epochs must be 1")
         return self
