@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from flowpost.core.config.schema import DatasetConfig, PipelineConfig, SamplingConfig, StageConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.lazy import unknown_name
+from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
@@ -131,7 +132,7 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         stage.train = arguments.model_dump(mode="json")
         problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
         problems += _sampling_problems(name, stage, arguments.paradigm)
-        problems += _role_problems(name, stage)
+        problems += _role_problems(name, stage, arguments)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     return pipeline
@@ -203,9 +204,13 @@ def _sampling_problems(name: str, stage: StageConfig, paradigm: Paradigm) -> lis
     ]
 
 
-def _role_problems(name: str, stage: StageConfig) -> list[str]:
-    """``optimizers:`` names each trainable role of the trainer once, never a frozen snapshot; Muon runs
-    only where whole matrices live on every rank; ZeRO-2 steps one optimizer."""
+ROLE_OPTIMIZER_FIELDS = ("lr", "adam_betas", "weight_decay", "warmup_steps")  # optimizers.<role> holds them
+
+
+def _role_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -> list[str]:
+    """``optimizers:`` names each trainable role of the trainer once, never a frozen snapshot, and
+    holds what ``train:``'s optimizer fields would; Muon runs only where whole matrices live on every
+    rank; ZeRO-2 steps one optimizer."""
     from flowpost.core.roles import SNAPSHOT_NAMES
     from flowpost.core.trainers.optimizers import MUON_BACKENDS
     from flowpost.core.trainers.registry import trainer_class
@@ -229,6 +234,12 @@ def _role_problems(name: str, stage: StageConfig) -> list[str]:
         f"{where}.{role}: trainer {stage.trainer!r} trains role {role!r}; give it an optimizer (e.g. {{lr: 1.0e-5}})"
         for role in roles
         if role not in stage.optimizers
+    ]
+    fields = type(arguments).model_fields
+    problems += [
+        f"stages.{name}.train.{key}: trainer {stage.trainer!r} has one optimizer per role; set it in {where}.<role>"
+        for key in ROLE_OPTIMIZER_FIELDS
+        if getattr(arguments, key) != fields[key].default
     ]
     backend, processes = stage.launch.backend, stage.launch.num_processes
     if processes > 1 and backend == "deepspeed-zero2":

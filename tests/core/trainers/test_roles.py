@@ -158,3 +158,9 @@ def test_an_update_plan_repeats_each_role_by_its_cadence_in_order():
         RoleUpdatePlan(((FAKE_SCORE, 1), (FAKE_SCORE, 2)))
     with pytest.raises(ValueError, match="at least once"):
         RoleUpdatePlan(((FAKE_SCORE, 0),))
+
+
+def test_a_multi_role_stage_takes_its_learning_rates_from_optimizers(tiny_pipeline):
+    config = _pipeline(tiny_pipeline, train={"lr": 1e-3})
+    with pytest.raises(FlowpostError, match="stages.dmd2.train.lr: trainer 'dmd2' has one optimizer per role"):
+        validate_pipeline(config)
