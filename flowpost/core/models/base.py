@@ -14,6 +14,7 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.text_encoders import ConditionEncoder
+from flowpost.core.roles import ComponentVariants
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.errors import FlowpostError
 
@@ -35,6 +36,7 @@ class ModelAdapter(ABC):
     encoder_max_length: int = DEFAULT_ENCODER_MAX_LENGTH
     compute_dtype: torch.dtype | None = None  # autocast dtype of the network (mixed precision); None: none
     shift: float = 1.0  # the constant sigma shift of training and (by default) inference sigmas
+    variants: ComponentVariants | None = None  # the trainable roles, once declared
 
     @classmethod
     @abstractmethod

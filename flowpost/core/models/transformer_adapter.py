@@ -13,8 +13,7 @@ import torch
 from flowpost.core.io import write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR, ModelAdapter
 from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, base_copy, has_lora, merged_copy, save_lora
-from flowpost.core.roles import ComponentVariants, Snapshots
-from flowpost.errors import FlowpostError
+from flowpost.core.roles import ComponentVariants, RoleAdapters, Snapshots
 
 
 class TransformerAdapter(ModelAdapter):
@@ -32,32 +31,28 @@ class TransformerAdapter(ModelAdapter):
         self.lora: dict[str, Any] | None = None
 
     def add_component_variants(self, roles: Sequence[str]) -> None:
-        """One live copy of the transformer per role (the first is the transformer itself); call before
-        the parallel layout prepares the network."""
-        if has_lora(self.transformer):
-            raise FlowpostError(
-                f"trainable roles {', '.join(roles)} are full copies of the network; remove model.lora",
-                where="model.lora",
-            )
-        self.variants = ComponentVariants(self.transformer, roles)
+        """One live variant of the transformer per role, before the parallel layout prepares it: with
+        LoRA one adapter per role on the shared base, else a full copy per role (the first role's is
+        the transformer itself)."""
+        kind = RoleAdapters if has_lora(self.transformer) else ComponentVariants
+        self.variants = kind(self.transformer, roles)
 
     def trainable_network(self) -> torch.nn.Module:
         return self.transformer if self.variants is None else self.variants.bundle
 
     def role_networks(self) -> list[torch.nn.Module]:
-        if self.variants is None:
-            return [self.transformer]
-        return [self.variants.module(role) for role in self.variants.roles]
+        return [self.transformer] if self.variants is None else self.variants.networks()
 
     @contextlib.contextmanager
     def use_component_variant(self, role: str) -> Iterator[Self]:
         if self.variants is None:
             raise KeyError(f"{role!r}: this model declares no trainable roles")
-        network, self.transformer = self.transformer, self.variants.module(role)
-        try:
-            yield self
-        finally:
-            self.transformer = network
+        network = self.transformer
+        with self.variants.activated(role) as self.transformer:
+            try:
+                yield self
+            finally:
+                self.transformer = network
 
     def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
         """Adapters on the current weights; ``lora["base"]`` says where an export finds those weights."""

@@ -131,8 +131,10 @@ class BaseTrainer(ABC):
         self.roles: dict[str, RoleOptimizer] = {}
         if roles:
             assert optimizers is not None
-            networks = dict(zip(roles, adapter.role_networks(), strict=True))
-            self.roles = {role: build_role_optimizer(role, networks[role], optimizers[role]) for role in roles}
+            variants = adapter.variants
+            self.roles = {
+                role: build_role_optimizer(role, variants.named_parameters(role), optimizers[role]) for role in roles
+            }
             first = self.roles[roles[0]]
             self.trainable, self.optimizer, self.scheduler = first.parameters, first, first.scheduler
         else:

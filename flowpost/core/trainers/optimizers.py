@@ -45,12 +45,11 @@ class OptimizerConfig(StrictModel):
 
 
 def muon_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """``(matrices, rest)``: the trainable 2-D weights Muon orthogonalises, and everything AdamW keeps
-    (biases, norms, convolutions, embeddings of other ranks)."""
+    """``(matrices, rest)``: the 2-D weights Muon orthogonalises, and everything AdamW keeps (biases,
+    norms, convolutions, tensors of other ranks)."""
     matrices, rest = [], []
     for _, param in parameters:
-        if param.requires_grad:
-            (matrices if param.ndim == 2 else rest).append(param)
+        (matrices if param.ndim == 2 else rest).append(param)
     return matrices, rest
 
 
@@ -103,9 +102,8 @@ class RoleSchedule:
             scheduler.load_state_dict(saved)
 
 
-def build_role_optimizer(role: str, network: nn.Module, config: OptimizerConfig) -> RoleOptimizer:
-    """``config``'s optimizer(s) over the trainable parameters of ``network`` (role ``role``'s copy)."""
-    named = [(name, param) for name, param in network.named_parameters() if param.requires_grad]
+def build_role_optimizer(role: str, named: list[tuple[str, nn.Parameter]], config: OptimizerConfig) -> RoleOptimizer:
+    """``config``'s optimizer(s) over ``named``, the parameters role ``role`` owns."""
     parameters = [param for _, param in named]
     if config.name == "muon":
         matrices, rest = muon_groups(named)

@@ -114,3 +114,21 @@ def test_the_student_must_sample_with_the_ode_over_all_its_steps(make_trainer, t
         make_trainer(
             tmp_path, cls=DMD2Trainer, sampling={"dynamics": "flow-sde", "steps": 2}, optimizers=OPTIMIZERS, **SMALL
         )
+
+
+def test_lora_roles_are_one_adapter_each_on_a_frozen_shared_base(make_trainer, tmp_path):
+    trainer = _dmd2(make_trainer, tmp_path, iterations=1, lora_rank=4)
+    network = trainer.adapter.module()
+    assert trainer.adapter.trainable_network() is network and trainer.adapter.role_networks() == [network]
+    owned = {role: dict(trainer.adapter.variants.named_parameters(role)) for role in (GENERATOR, FAKE_SCORE)}
+    assert all(".default." in name for name in owned[GENERATOR]) and all(".fake_score." in n for n in owned[FAKE_SCORE])
+    before = {name: param.detach().clone() for name, param in network.named_parameters()}
+    trainer.start()
+    after = dict(network.named_parameters())
+    changed = {name for name in before if not torch.equal(before[name], after[name].detach())}
+    assert changed and changed <= set(owned[GENERATOR]) | set(owned[FAKE_SCORE])
+    assert changed & set(owned[GENERATOR]) and changed & set(owned[FAKE_SCORE])
+    assert (tmp_path / "final" / "live" / "lora").is_dir()
+    with trainer.adapter.use_component_variant(FAKE_SCORE):
+        assert network.active_adapters() == [FAKE_SCORE]
+    assert network.active_adapters() == ["default"]
