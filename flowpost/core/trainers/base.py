@@ -31,7 +31,12 @@ from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.bad_steps import BadSteps
 from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
 from flowpost.core.trainers.inputs import StageInputs
-from flowpost.core.trainers.optimizers import OptimizerConfig, RoleOptimizer, build_role_optimizer
+from flowpost.core.trainers.optimizers import (
+    OptimizerConfig,
+    RoleOptimizer,
+    build_role_optimizer,
+    check_role_optimizers,
+)
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.core.trainers.stop import StageStopped, stop_requested
 from flowpost.errors import FlowpostError
@@ -121,7 +126,7 @@ class BaseTrainer(ABC):
         self.bad_steps = BadSteps(args.max_bad_steps)
         roles = self.required_trainable_roles
         if roles:
-            self._check_role_setup(optimizers or {}, spec)
+            check_role_optimizers(roles, optimizers or {}, self.parallel.name, stage=spec.stage)
             adapter.add_component_variants(roles)  # before the layout prepares (and wraps) anything
         model = self.parallel.prepare(adapter, self.accelerator.device)
         self.setup()
@@ -158,34 +163,8 @@ class BaseTrainer(ABC):
             callbacks=self.callbacks,
             events=self.events,
             keep_last=args.keep_last,
-            roles={role: optimizer for role, optimizer in self.roles.items() if role != roles[0]},
+            roles=dict(list(self.roles.items())[1:]),  # the first role's is ``optimizer``
         )
-
-    def _check_role_setup(self, optimizers: dict[str, OptimizerConfig], spec: StageSpec) -> None:
-        """One ``optimizers:`` entry per declared role, on a layout that keeps one optimizer per role."""
-        where = f"stages.{spec.stage}.optimizers"
-        roles = self.required_trainable_roles
-        missing = [role for role in roles if role not in optimizers]
-        unknown = [name for name in optimizers if name not in roles]
-        if missing or unknown:
-            raise FlowpostError(
-                f"trainer {type(self).__name__} trains the roles {', '.join(roles)}: one optimizers entry each"
-                + (f"; missing: {', '.join(missing)}" if missing else "")
-                + (f"; not a role: {', '.join(unknown)}" if unknown else ""),
-                where=where,
-            )
-        if self.parallel.name == "zero2":
-            raise FlowpostError(
-                "deepspeed-zero2 steps one optimizer, and this trainer has one per role; use ddp or fsdp2",
-                where=f"stages.{spec.stage}.launch.backend",
-            )
-        for role, config in optimizers.items():
-            if config.name == "muon" and self.parallel.name != "replicated":
-                raise FlowpostError(
-                    f"torch.optim.Muon orthogonalises whole matrices and cannot step {self.parallel.name} shards; "
-                    "use launch.backend ddp or name: adamw",
-                    where=f"{where}.{role}.name",
-                )
 
     def _check_snapshots_are_not_roles(self) -> None:
         clash = sorted(set(self.adapter.snapshots.names()) & set(self.required_trainable_roles))

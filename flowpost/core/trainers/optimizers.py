@@ -11,6 +11,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from torch import nn
 
 from flowpost.core.config.base import StrictModel
+from flowpost.errors import FlowpostError
 
 MUON_ONLY = ("momentum", "adamw_lr")
 MUON_BACKENDS = ("ddp",)  # Muon orthogonalises whole matrices: sharded parameters cannot take it
@@ -116,3 +117,32 @@ def build_role_optimizer(role: str, named: list[tuple[str, nn.Parameter]], confi
     else:
         optimizers = [torch.optim.AdamW(parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)]
     return RoleOptimizer(role, parameters, optimizers, warmup_steps=config.warmup_steps)
+
+
+def check_role_optimizers(
+    roles: tuple[str, ...], optimizers: dict[str, OptimizerConfig], layout: str, *, stage: str
+) -> None:
+    """One ``optimizers:`` entry per role, on a layout that keeps one optimizer per role (and, for
+    Muon, whole matrices on every rank)."""
+    where = f"stages.{stage}.optimizers"
+    missing = [role for role in roles if role not in optimizers]
+    unknown = [name for name in optimizers if name not in roles]
+    if missing or unknown:
+        raise FlowpostError(
+            f"the trainer trains the roles {', '.join(roles)}: one optimizers entry each"
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+            + (f"; not a role: {', '.join(unknown)}" if unknown else ""),
+            where=where,
+        )
+    if layout == "zero2":
+        raise FlowpostError(
+            "deepspeed-zero2 steps one optimizer, and this trainer has one per role; use ddp or fsdp2",
+            where=f"stages.{stage}.launch.backend",
+        )
+    for role, config in optimizers.items():
+        if config.name == "muon" and layout != "replicated":
+            raise FlowpostError(
+                f"torch.optim.Muon orthogonalises whole matrices and cannot step {layout} shards; "
+                "use launch.backend ddp or name: adamw",
+                where=f"{where}.{role}.name",
+            )
