@@ -169,6 +169,7 @@ def build_trainer(spec: StageSpec) -> BaseTrainer:
         validation=build_validation(stage.callbacks, spec, inputs),
         sampling=stage.sampling,
         **({"rewards": rewards} if rewards is not None else {}),
+        **({"optimizers": stage.optimizers} if stage.optimizers else {}),
     )
 
 

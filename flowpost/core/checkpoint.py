@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class TrainingState:
     snapshots: dict[str, dict[str, torch.Tensor]]
     rng: dict[str, torch.Tensor]
     trainer: dict[str, Any]
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)  # further roles: optimizer and scheduler
 
 
 def save_checkpoint(root: str | Path, state: TrainingState, *, keep_last: int | None = None) -> Path:
@@ -50,7 +51,9 @@ def save_checkpoint(root: str | Path, state: TrainingState, *, keep_last: int | 
             for name, tensors in state.snapshots.items():
                 save_file(_contiguous(tensors), tmp / f"snapshot-{name}.safetensors")
             save_file(_contiguous(state.rng), tmp / "rng.safetensors")
-            torch.save({"optimizer": state.optimizer, "scheduler": state.scheduler}, tmp / "optimizer.pt")
+            torch.save(
+                {"optimizer": state.optimizer, "scheduler": state.scheduler, "roles": state.roles}, tmp / "optimizer.pt"
+            )
             write_json_atomic(tmp / "state.json", {"step": state.step, "trainer": state.trainer})
             files = sorted(p.name for p in tmp.iterdir())
             write_json_atomic(tmp / MANIFEST, {"step": state.step, "files": {f: sha256_file(tmp / f) for f in files}})
@@ -143,6 +146,7 @@ def load_checkpoint(path: str | Path, *, verified: bool = False) -> TrainingStat
         snapshots=snapshots,
         rng=load_file(path / "rng.safetensors"),
         trainer=meta["trainer"],
+        roles=extras.get("roles", {}),
     )
 
 

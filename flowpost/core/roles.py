@@ -1,12 +1,127 @@
-"""Named weight snapshots (reference, EMA, old policy): frozen copies, never trainable modules."""
+"""Live trainable copies of a network, one per role (component variants), and named weight snapshots
+(teacher, reference, EMA, old policy): frozen copies, never trainable modules."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
+
+SNAPSHOT_NAMES = ("teacher", "ref", "ema", "old", "anchor")  # frozen or time-shifted weights, never roles
+
+
+class ComponentVariants:
+    """One live trainable copy of a network per role; the first role owns the base network itself.
+
+    Full fine-tuning routes each role to its own deep copy (taken when the variants are declared,
+    so every role starts from the same weights); the copies sit in one ``bundle`` module, keyed by
+    role. ``RoleAdapters`` (LoRA) instead puts one adapter per role on the shared base. Either way
+    the parallel layout prepares the ``bundle`` as a whole, before any wrapping.
+    """
+
+    def __init__(self, base: nn.Module, roles: Sequence[str]) -> None:
+        problems = role_problems(roles)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.roles = tuple(roles)
+        self.bundle: nn.Module = self._materialise(base)
+
+    def _materialise(self, base: nn.Module) -> nn.Module:
+        bundle = nn.ModuleDict({self.roles[0]: base})
+        for role in self.roles[1:]:
+            bundle[role] = copy.deepcopy(base)
+        return bundle
+
+    def __contains__(self, role: str) -> bool:
+        return role in self.roles
+
+    def _check(self, role: str) -> None:
+        if role not in self.roles:
+            where = "a frozen snapshot, not a trainable role" if role in SNAPSHOT_NAMES else "not a declared role"
+            raise KeyError(f"{role!r} is {where}; the roles are: {', '.join(self.roles)}")
+
+    def module(self, role: str) -> nn.Module:
+        """The network that runs role ``role``."""
+        self._check(role)
+        assert isinstance(self.bundle, nn.ModuleDict)
+        return self.bundle[role]
+
+    def networks(self) -> list[nn.Module]:
+        """The distinct networks the roles run on (each its own FSDP2 root)."""
+        return [self.module(role) for role in self.roles]
+
+    def named_parameters(self, role: str) -> list[tuple[str, nn.Parameter]]:
+        """The parameters role ``role`` owns and trains (what its optimizer steps)."""
+        return [(name, param) for name, param in self.module(role).named_parameters() if param.requires_grad]
+
+    @contextlib.contextmanager
+    def activated(self, role: str) -> Iterator[nn.Module]:
+        """Make ``role`` the one that runs; yields its network."""
+        yield self.module(role)
+
+
+class RoleAdapters(ComponentVariants):
+    """LoRA roles: one adapter per role on the shared, frozen base (the first role's is ``default``)."""
+
+    DEFAULT = "default"
+
+    def _materialise(self, base: nn.Module) -> nn.Module:
+        config = base.peft_config[self.DEFAULT]  # type: ignore[index]
+        for role in self.roles[1:]:
+            base.add_adapter(copy.deepcopy(config), adapter_name=role)  # type: ignore[operator]
+        self.bundle = base
+        self._switch(self.DEFAULT)
+        return base
+
+    def _switch(self, adapter: str) -> None:
+        """Run ``adapter`` alone; every role's adapter stays trainable (PEFT would freeze the inactive
+        ones, and a gradient reaches only parameters that still require it when backward runs)."""
+        self.bundle.set_adapter(adapter)  # type: ignore[operator]
+        for role in self.roles:
+            for _, param in self.named_parameters(role):
+                param.requires_grad_(True)
+
+    def _adapter(self, role: str) -> str:
+        self._check(role)
+        return self.DEFAULT if role == self.roles[0] else role
+
+    def module(self, role: str) -> nn.Module:
+        self._check(role)
+        return self.bundle
+
+    def networks(self) -> list[nn.Module]:
+        return [self.bundle]
+
+    def named_parameters(self, role: str) -> list[tuple[str, nn.Parameter]]:
+        marker = f".{self._adapter(role)}."
+        return [(name, param) for name, param in self.bundle.named_parameters() if marker in name]
+
+    @contextlib.contextmanager
+    def activated(self, role: str) -> Iterator[nn.Module]:
+        self._switch(self._adapter(role))
+        try:
+            yield self.bundle
+        finally:
+            self._switch(self.DEFAULT)
+
+
+def role_problems(roles: Sequence[str]) -> list[str]:
+    """Why ``roles`` cannot be a trainer's ordered trainable roles (empty when they can)."""
+    problems = []
+    if not roles:
+        problems.append("at least one trainable role is needed")
+    duplicates = sorted({role for role in roles if list(roles).count(role) > 1})
+    if duplicates:
+        problems.append(f"role {', '.join(map(repr, duplicates))} is declared more than once")
+    frozen = [role for role in roles if role in SNAPSHOT_NAMES]
+    if frozen:
+        problems.append(
+            f"{', '.join(map(repr, frozen))} names frozen weights: a snapshot (Snapshots.capture), not a variant"
+        )
+    return problems
 
 
 class Snapshots:

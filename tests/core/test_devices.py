@@ -8,13 +8,10 @@ tensors of one device only (even the 0-dim CPU tensors that CUDA would tolerate)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
-from torch import Tensor
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
+from one_device import OneDevice
 
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter, TinySD3State
 from flowpost.core.sampling.ode import sample_ode
@@ -25,17 +22,6 @@ from flowpost.core.trainers.rl.rollout import sample_trajectory
 TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 META = torch.device("meta")
 BATCH = 2
-
-
-class OneDevice(TorchFunctionMode):
-    """Raises when a torch call gets tensors of more than one device (a move with ``.to`` is one tensor)."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        devices = {leaf.device for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, Tensor)}
-        if len(devices) > 1:
-            raise AssertionError(f"{getattr(func, '__name__', func)} mixes tensors on {sorted(map(str, devices))}")
-        return func(*args, **kwargs)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from flowpost.core.config.schema import DatasetConfig, PipelineConfig, SamplingC
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.lazy import unknown_name
 from flowpost.core.logging import get_logger
+from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.errors import FlowpostError
 
 DEFAULT_PIPELINE = "digits"
@@ -133,6 +134,7 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         stage.train = arguments.model_dump(mode="json")
         problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
         problems += _sampling_problems(name, stage, arguments.paradigm)
+        problems += _role_problems(name, stage, arguments)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     if problems := _metric_problems(pipeline):
@@ -242,6 +244,58 @@ def _sampling_problems(name: str, stage: StageConfig, paradigm: Paradigm) -> lis
         f"{sampling.dynamics!r} with noise_level {sampling.noise_level} gives its steps zero transition std; "
         "use flow-sde, dance-sde or cps with a noise_level that gives a positive std (e.g. flow-sde with 0.7)"
     ]
+
+
+ROLE_OPTIMIZER_FIELDS = ("lr", "adam_betas", "weight_decay", "warmup_steps")  # optimizers.<role> holds them
+
+
+def _role_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -> list[str]:
+    """``optimizers:`` names each trainable role of the trainer once, never a frozen snapshot, and
+    holds what ``train:``'s optimizer fields would; Muon runs only where whole matrices live on every
+    rank; ZeRO-2 steps one optimizer."""
+    from flowpost.core.roles import SNAPSHOT_NAMES
+    from flowpost.core.trainers.optimizers import MUON_BACKENDS
+    from flowpost.core.trainers.registry import trainer_class
+
+    roles = trainer_class(stage.trainer).required_trainable_roles
+    where = f"stages.{name}.optimizers"
+    if not roles:
+        if stage.optimizers:
+            return [f"{where}: trainer {stage.trainer!r} trains one network; set train.lr and remove optimizers"]
+        return []
+    problems = []
+    for key in stage.optimizers:
+        if key in SNAPSHOT_NAMES:
+            problems.append(
+                f"{where}.{key}: {key!r} is frozen weights (a snapshot the trainer captures), not a trainable "
+                f"role; the roles of {stage.trainer!r} are {', '.join(roles)}"
+            )
+        elif key not in roles:
+            problems.append(f"{where}.{key}: " + unknown_name("role", key, roles))
+    problems += [
+        f"{where}.{role}: trainer {stage.trainer!r} trains role {role!r}; give it an optimizer (e.g. {{lr: 1.0e-5}})"
+        for role in roles
+        if role not in stage.optimizers
+    ]
+    fields = type(arguments).model_fields
+    problems += [
+        f"stages.{name}.train.{key}: trainer {stage.trainer!r} has one optimizer per role; set it in {where}.<role>"
+        for key in ROLE_OPTIMIZER_FIELDS
+        if getattr(arguments, key) != fields[key].default
+    ]
+    backend, processes = stage.launch.backend, stage.launch.num_processes
+    if processes > 1 and backend == "deepspeed-zero2":
+        problems.append(
+            f"stages.{name}.launch.backend: deepspeed-zero2 steps one optimizer and {stage.trainer!r} has one "
+            "per role; use ddp or fsdp2"
+        )
+    for role, config in stage.optimizers.items():
+        if config.name == "muon" and processes > 1 and backend not in MUON_BACKENDS:
+            problems.append(
+                f"{where}.{role}.name: torch.optim.Muon orthogonalises whole matrices and cannot step {backend} "
+                "shards; use launch.backend ddp or name: adamw"
+            )
+    return problems
 
 
 def load_pipeline(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:

@@ -17,6 +17,7 @@ from flowpost.core.config.base import StrictModel, non_finite_keys
 from flowpost.core.extras import DEEPSPEED_INSTALL, deepspeed_installed
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.optimizers import OptimizerConfig
 from flowpost.core.trainers.registry import arguments_class
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
@@ -360,6 +361,9 @@ class StageConfig(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataRef | None = None
     train: dict[str, Any] = Field(default_factory=dict)
+    optimizers: dict[Key, OptimizerConfig] = Field(
+        default_factory=dict, description="one optimizer per trainable role of a multi-role trainer (e.g. dmd2)"
+    )
     sampling: SamplingConfig | None = None
     rewards: list[RewardConfig] = Field(default_factory=list)
     callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
@@ -371,6 +375,14 @@ class StageConfig(StrictModel):
         if value != value.lower():
             raise ValueError(f"trainer names are lowercase; use {value.lower()!r}")
         return value
+
+    @model_serializer(mode="wrap")
+    def _omit_no_optimizers(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``optimizers`` only for multi-role trainers, so other stages keep their params and fingerprints."""
+        data = handler(self)
+        if not self.optimizers:
+            data.pop("optimizers", None)
+        return data
 
     def arguments(self, *, smoke: bool = False, where: str = "trainer") -> TrainerArguments:
         """The validated ``train:`` section as the trainer's arguments class."""

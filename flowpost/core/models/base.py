@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,6 +14,7 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.text_encoders import ConditionEncoder
+from flowpost.core.roles import ComponentVariants
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.errors import FlowpostError
 
@@ -36,6 +38,7 @@ class ModelAdapter(ABC):
     shift: float = 1.0  # the constant sigma shift of training and (by default) inference sigmas
     fps: int = 16  # frames per second a video family's samples are written at
     options: ClassVar[tuple[str, ...]] = ()  # the constructor options ``model.options`` may set
+    variants: ComponentVariants | None = None  # the trainable roles, once declared
 
     @classmethod
     @abstractmethod
@@ -95,11 +98,27 @@ class ModelAdapter(ABC):
     def module(self) -> torch.nn.Module:
         """The trainable network."""
 
+    def trainable_network(self) -> torch.nn.Module:
+        """What the parallel layout prepares: the network, or the bundle of every trainable role's copy."""
+        return self.module()
+
+    def role_networks(self) -> list[torch.nn.Module]:
+        """Each trainable role's network (the network alone without declared roles): FSDP2 roots."""
+        return [self.module()]
+
+    def add_component_variants(self, roles: Sequence[str]) -> None:
+        """Declare ordered trainable roles, each a live copy of the network (the first owns the base)."""
+        raise FlowpostError(f"family {self.family!r} holds one trainable network; it has no roles", where="trainer")
+
+    def use_component_variant(self, role: str) -> contextlib.AbstractContextManager:
+        """Temporarily run (and train) the network of trainable role ``role``."""
+        raise KeyError(f"{role!r}: family {self.family!r} declares no trainable roles")
+
     def shard_units(self) -> list[torch.nn.Module]:
         """The blocks FSDP2 shards one by one (diffusers' ``transformer_blocks`` and ``single_transformer_blocks``)."""
-        network = self.module()
         return [
             block
+            for network in self.role_networks()
             for name in ("transformer_blocks", "single_transformer_blocks")
             for block in getattr(network, name, [])
         ]

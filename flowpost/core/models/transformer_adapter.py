@@ -4,7 +4,7 @@ checkpointing, the manifest and the transformer and LoRA exports."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -13,7 +13,7 @@ import torch
 from flowpost.core.io import write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR, ModelAdapter
 from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, base_copy, has_lora, merged_copy, save_lora
-from flowpost.core.roles import Snapshots
+from flowpost.core.roles import ComponentVariants, RoleAdapters, Snapshots
 
 
 class TransformerAdapter(ModelAdapter):
@@ -27,7 +27,32 @@ class TransformerAdapter(ModelAdapter):
     def __init__(self, transformer: torch.nn.Module) -> None:
         self.transformer = transformer
         self.snapshots = Snapshots()
+        self.variants: ComponentVariants | None = None
         self.lora: dict[str, Any] | None = None
+
+    def add_component_variants(self, roles: Sequence[str]) -> None:
+        """One live variant of the transformer per role, before the parallel layout prepares it: with
+        LoRA one adapter per role on the shared base, else a full copy per role (the first role's is
+        the transformer itself)."""
+        kind = RoleAdapters if has_lora(self.transformer) else ComponentVariants
+        self.variants = kind(self.transformer, roles)
+
+    def trainable_network(self) -> torch.nn.Module:
+        return self.transformer if self.variants is None else self.variants.bundle
+
+    def role_networks(self) -> list[torch.nn.Module]:
+        return [self.transformer] if self.variants is None else self.variants.networks()
+
+    @contextlib.contextmanager
+    def use_component_variant(self, role: str) -> Iterator[Self]:
+        if self.variants is None:
+            raise KeyError(f"{role!r}: this model declares no trainable roles")
+        network = self.transformer
+        with self.variants.activated(role) as self.transformer:
+            try:
+                yield self
+            finally:
+                self.transformer = network
 
     def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
         """Adapters on the current weights; ``lora["base"]`` says where an export finds those weights."""
@@ -78,5 +103,7 @@ class TransformerAdapter(ModelAdapter):
 
     @contextlib.contextmanager
     def use_snapshot(self, name: str) -> Iterator[Self]:
+        if self.variants is not None and name in self.variants:
+            raise KeyError(f"{name!r} is a live trainable role; run it with use_component_variant, not as a snapshot")
         with self.snapshots.swapped_in(name, self.transformer):
             yield self

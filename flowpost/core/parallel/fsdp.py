@@ -36,7 +36,8 @@ class Sharded(Replicated):
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         for unit in adapter.shard_units():
             fully_shard(unit, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        for root in adapter.role_networks():  # each role's network runs its own forwards: one root each
+            fully_shard(root, mesh=mesh)
         return model
 
     def sync_gradients(self, parameters: list[nn.Parameter]) -> float | None:

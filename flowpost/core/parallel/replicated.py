@@ -22,7 +22,7 @@ class Replicated:
     collective_passes = False  # True: every rank must run every forward and backward
 
     def prepare(self, adapter: ModelAdapter, device: torch.device) -> nn.Module:
-        model = adapter.module().to(device)
+        model = adapter.trainable_network().to(device)
         broadcast_module(model)  # replicas start equal whatever each rank's init did
         return model
 

@@ -25,11 +25,18 @@ from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
+from flowpost.core.roles import role_problems
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.bad_steps import BadSteps
 from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
 from flowpost.core.trainers.inputs import StageInputs
+from flowpost.core.trainers.optimizers import (
+    OptimizerConfig,
+    RoleOptimizer,
+    build_role_optimizer,
+    check_role_optimizers,
+)
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.core.trainers.stop import StageStopped, stop_requested
 from flowpost.errors import FlowpostError
@@ -42,7 +49,13 @@ class BaseTrainer(ABC):
 
     A concrete trainer names its arguments class once (``Arguments``); the execution contract and
     paradigm are the arguments class' and are copied onto the trainer class at definition.
+
+    A trainer with several live networks declares them as ordered ``required_trainable_roles``
+    (the first owns the base weights and the loop's ``optimizer_step``); each is a component
+    variant with its own entry in the stage's ``optimizers:``.
     """
+
+    required_trainable_roles: ClassVar[tuple[str, ...]] = ()
 
     Arguments: ClassVar[type[TrainerArguments]]
     acquisition: ClassVar[Acquisition]  # fixed by the trainer type
@@ -71,6 +84,8 @@ class BaseTrainer(ABC):
             )
         cls.execution_contract = contract
         cls.paradigm = paradigm
+        if cls.required_trainable_roles and (problems := role_problems(cls.required_trainable_roles)):
+            raise TypeError(f"{cls.__name__}.required_trainable_roles: {'; '.join(problems)}")
 
     def __init__(
         self,
@@ -83,6 +98,7 @@ class BaseTrainer(ABC):
         validation: ValidationGrid | None = None,
         sampling: SamplingConfig | None = None,
         accelerator: Any | None = None,
+        optimizers: dict[str, OptimizerConfig] | None = None,
     ) -> None:
         if not isinstance(args, self.Arguments):
             raise FlowpostError(
@@ -108,17 +124,34 @@ class BaseTrainer(ABC):
         self.parallel = parallel_layout(spec.launch.get("backend", "ddp"), self.accelerator.num_processes)
         self.cycle_metrics: dict[str, float] = {}  # the current cycle's rewards: every step's trackers see them
         self.bad_steps = BadSteps(args.max_bad_steps)
+        roles = self.required_trainable_roles
+        if roles:
+            check_role_optimizers(roles, optimizers or {}, self.parallel.name, stage=spec.stage)
+            adapter.add_component_variants(roles)  # before the layout prepares (and wraps) anything
         model = self.parallel.prepare(adapter, self.accelerator.device)
         self.setup()
+        self._check_snapshots_are_not_roles()
         model.train()
-        self.trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(self.trainable, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay)
-        warmup = args.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
         self.model = model  # never wrapped: the layout synchronises gradients (flowpost.core.parallel)
-        self.optimizer = self.parallel.prepare_optimizer(model, optimizer, self.accelerator)
+        self.roles: dict[str, RoleOptimizer] = {}
+        if roles:
+            assert optimizers is not None
+            variants = adapter.variants
+            self.roles = {
+                role: build_role_optimizer(role, variants.named_parameters(role), optimizers[role]) for role in roles
+            }
+            first = self.roles[roles[0]]
+            self.trainable, self.optimizer, self.scheduler = first.parameters, first, first.scheduler
+        else:
+            self.trainable = [p for p in model.parameters() if p.requires_grad]
+            optimizer = torch.optim.AdamW(
+                self.trainable, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay
+            )
+            warmup = args.warmup_steps
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+            )
+            self.optimizer = self.parallel.prepare_optimizer(model, optimizer, self.accelerator)
         self.checkpoints = CheckpointManager(
             output_dir=self.output_dir,
             accelerator=self.accelerator,
@@ -130,7 +163,17 @@ class BaseTrainer(ABC):
             callbacks=self.callbacks,
             events=self.events,
             keep_last=args.keep_last,
+            roles=dict(list(self.roles.items())[1:]),  # the first role's is ``optimizer``
         )
+
+    def _check_snapshots_are_not_roles(self) -> None:
+        clash = sorted(set(self.adapter.snapshots.names()) & set(self.required_trainable_roles))
+        if clash:
+            raise FlowpostError(
+                f"{', '.join(map(repr, clash))} is a live trainable role of {type(self).__name__}; a snapshot "
+                "(frozen weights) needs a name of its own",
+                where=f"stages.{self.stage}.trainer",
+            )
 
     # -- hooks -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -237,6 +280,26 @@ class BaseTrainer(ABC):
         self.callbacks.on_step_end(self, metrics)
         self._validate_if_due()
         return metrics
+
+    def step_role(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
+        """One update of trainable role ``role``: the first role's is ``step_optimizer`` (it advances
+        ``optimizer_step``, step callbacks and validation); another role's steps its own optimizer and
+        counter only. Returns the update's metrics (averaged over ranks, prefixed by the role)."""
+        if role == self.required_trainable_roles[0]:
+            metrics = self.step_optimizer(metrics)
+        else:
+            optimizer = self.roles[role]
+            metrics = dict(metrics)
+            self.parallel.sync_gradients(optimizer.parameters)
+            if not self.bad_steps.is_bad(metrics.get("loss"), optimizer.parameters, self.accelerator.device):
+                metrics.update(self.callbacks.on_before_optimizer_step(self))
+                metrics["lr"] = optimizer.scheduler.get_last_lr()[0]
+                optimizer.step()
+                optimizer.scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            optimizer.updates += 1
+            metrics = mean_over_ranks(metrics)
+        return {f"{role}/{key}": value for key, value in metrics.items() if key not in self.cycle_metrics}
 
     def _validate_if_due(self) -> None:
         """A validation grid when one is due: with sharded weights every rank generates; rank 0 writes."""

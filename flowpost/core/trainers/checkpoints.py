@@ -5,7 +5,7 @@ Every rank builds the training state (gathering sharded weights is collective); 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from flowpost.core.events import EventLog
     from flowpost.core.models.base import ModelAdapter
     from flowpost.core.parallel import ParallelLayout
+    from flowpost.core.trainers.optimizers import RoleOptimizer
 
 log = get_logger(__name__)
 
@@ -39,7 +40,11 @@ class Resumed:
 
 @dataclass
 class CheckpointManager:
-    """``save`` / ``resume`` / ``save_final`` of one stage's model, optimizer, snapshots and counters."""
+    """``save`` / ``resume`` / ``save_final`` of one stage's model, optimizer, snapshots and counters.
+
+    ``roles`` are the trainable roles after the first (whose optimizer is ``optimizer``): each one's
+    optimizer, schedule and update counter go into the checkpoint too.
+    """
 
     output_dir: Path
     accelerator: Any
@@ -51,6 +56,7 @@ class CheckpointManager:
     callbacks: CallbackList
     events: EventLog
     keep_last: int | None = None
+    roles: dict[str, RoleOptimizer] = field(default_factory=dict)
     saved: TrainingProgress | None = None
 
     def save(self, progress: TrainingProgress, *, units: int) -> None:
@@ -68,6 +74,14 @@ class CheckpointManager:
                 "callbacks": self.callbacks.state_dict(),
                 "world_size": self.accelerator.num_processes,
                 "layout": layout.name,
+                "role_updates": {role: optimizer.updates for role, optimizer in self.roles.items()},
+            },
+            roles={
+                role: {
+                    "optimizer": layout.optimizer_state(self.model, optimizer.optimizer),
+                    "scheduler": optimizer.scheduler.state_dict(),
+                }
+                for role, optimizer in self.roles.items()
             },
         )
         if self.accelerator.is_main_process:
@@ -95,6 +109,17 @@ class CheckpointManager:
         layout.load_model_state(self.model, state.model)
         layout.load_optimizer_state(self.model, self.optimizer.optimizer, state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
+        if sorted(state.roles) != sorted(self.roles):
+            raise FlowpostError(
+                f"checkpoint {path} holds the roles {sorted(state.roles) or 'none'} but the trainer trains "
+                f"{sorted(self.roles) or 'none'} besides its first; start the stage over with --no-resume",
+                where=str(path),
+            )
+        updates = state.trainer.get("role_updates", {})
+        for role, optimizer in self.roles.items():
+            layout.load_optimizer_state(self.model, optimizer.optimizer, state.roles[role]["optimizer"])
+            optimizer.scheduler.load_state_dict(state.roles[role]["scheduler"])
+            optimizer.updates = int(updates[role])
         for name, tensors in state.snapshots.items():
             self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, self.model))
         torch.set_rng_state(state.rng["torch"])

@@ -13,10 +13,12 @@ from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.rl.rollout import Rollout
+from flowpost.core.trainers.role_plan import RoleUpdatePlan
 from flowpost.core.trainers.rollout_engine import RolloutEngine
 from flowpost.errors import FlowpostError
 
 MicroBatchLoss = Callable[[Rollout, float], dict[str, float]]
+RoleLoss = Callable[[Rollout, float, str], dict[str, float]]
 
 
 class GenerationTrainer(BaseTrainer):
@@ -24,6 +26,7 @@ class GenerationTrainer(BaseTrainer):
 
     acquisition: ClassVar[Acquisition] = Acquisition.GENERATION
     arguments_base: ClassVar[type[OnlineArguments]] = OnlineArguments
+    keeps_rollout_states: ClassVar[bool] = False  # store the trajectory although the objective is not coupled
     args: OnlineArguments
 
     def __init__(self, *, rewards: WeightedRewards | None = None, **kwargs: Any) -> None:
@@ -40,7 +43,7 @@ class GenerationTrainer(BaseTrainer):
             inputs=self.inputs,
             seed=self.spec.seed,
             stage=self.stage,
-            store=self.paradigm is Paradigm.COUPLED,
+            store=self.paradigm is Paradigm.COUPLED or self.keeps_rollout_states,
             collective_passes=self.parallel.collective_passes,
             rewards=rewards,
         )
@@ -98,4 +101,22 @@ class GenerationTrainer(BaseTrainer):
                 if (number + 1) % accum == 0 or number + 1 == usable:
                     metrics |= self.step_optimizer(sums)
                     sums = {}
+        return metrics
+
+    def train_roles_on_rollout(
+        self, samples: Rollout, plan: RoleUpdatePlan, losses: dict[str, RoleLoss]
+    ) -> dict[str, float]:
+        """One round of ``plan`` per shuffled micro-batch of ``samples``, one optimizer step per update.
+
+        ``losses[role](micro_batch, scale, tag)`` backpropagates that role's mean loss times ``scale``
+        and returns its metrics; ``tag`` (``"<micro-batch>-<update>"``) addresses the update's noise.
+        A rank without rows in a micro-batch still takes part in every step. Returns the last metrics
+        of each role.
+        """
+        metrics: dict[str, float] = {}
+        for number, batch in enumerate(self.rollouts.micro_batches(len(samples), self.progress.rollout_iteration, 0)):
+            part = samples.select(batch.rows) if batch.rows else None
+            for update, role in enumerate(plan.round()):
+                values = losses[role](part, batch.share, f"{number}-{update}") if part is not None else {}
+                metrics |= self.step_role(role, values)
         return metrics

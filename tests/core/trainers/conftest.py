@@ -22,6 +22,7 @@ from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.offline.sft import SFTTrainer
+from flowpost.core.trainers.optimizers import OptimizerConfig
 from flowpost.core.trainers.registry import TRAINERS, arguments_class, trainer_class
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import update_condition_cache
@@ -105,7 +106,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name.
 
     Any trainer class works; generation trainers also take ``sampling={...}`` and ``rewards=[...]``
-    (reward config entries).
+    (reward config entries); multi-role trainers ``optimizers={role: {...}}``.
     """
 
     def make(
@@ -120,6 +121,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         rewards: list[dict[str, Any]] | None = None,
         adapter: ModelAdapter | None = None,
         dirs: tuple[Path, Path] | None = None,
+        optimizers: dict[str, dict[str, Any]] | None = None,
         **args: Any,
     ) -> BaseTrainer:
         dataset_dir, conditions_dir = dirs or data_dirs
@@ -151,6 +153,11 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             validation=build_validation(callback_config, spec, inputs),
             sampling=SamplingConfig.model_validate(sampling or {}),
             **({"rewards": built_rewards} if built_rewards is not None else {}),
+            **(
+                {"optimizers": {k: OptimizerConfig.model_validate(v) for k, v in optimizers.items()}}
+                if optimizers
+                else {}
+            ),
         )
 
     return make

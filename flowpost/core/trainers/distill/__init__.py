@@ -1,0 +1,1 @@
+"""Distillation trainers: few-step students of a frozen teacher."""
