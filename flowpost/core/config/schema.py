@@ -48,10 +48,28 @@ class SplitConfig(StrictModel):
     eval: float = Field(0.0, ge=0, lt=1, description="fraction of the items held out for evaluation")
 
 
-class DatasetConfig(StrictModel):
-    """How to acquire one dataset: the built-in digits, prompts from files, or captioned images (``path``)."""
+TRAJECTORIES = "teacher-trajectories"  # sampled from a finished stage: no files, no digits options
 
-    source: Literal["builtin-digits", "prompt-files", "image-folder", "table"]
+
+class TrajectoriesConfig(StrictModel):
+    """Teacher ODE trajectories sampled once from a finished stage, at a few-step student's sigmas."""
+
+    stage: str = Field(description="the finished stage whose weights are the teacher")
+    weights: Literal["ema", "live"] = Field("ema", description="which weights of that stage; ema falls back to live")
+    prompts: str = Field(description="the dataset whose training prompts are rolled out")
+    conditions: str = Field(description="the condition cache that encodes those prompts")
+    samples: int = Field(2000, ge=1, description="trajectories; prompts are taken in turn")
+    steps: int = Field(4, ge=1, description="the student's steps: states are stored at its sigmas")
+    substeps: int = Field(5, ge=1, description="teacher Euler steps per student step (steps x substeps in all)")
+    guidance: float = Field(1.0, ge=0, description="classifier-free guidance of the teacher")
+    batch_size: int = Field(250, ge=1, description="trajectories per teacher forward pass")
+
+
+class DatasetConfig(StrictModel):
+    """How to acquire one dataset: the built-in digits, prompts from files, captioned images (``path``),
+    or teacher trajectories sampled from a finished stage (``trajectories``)."""
+
+    source: Literal["builtin-digits", "prompt-files", "image-folder", "table", "teacher-trajectories"]
     path: str | None = Field(
         None,
         description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them; image-folder: a folder "
@@ -67,11 +85,20 @@ class DatasetConfig(StrictModel):
     split: SplitConfig = Field(default_factory=SplitConfig)
     max_caption_chars: int | None = Field(None, ge=1, description="longer captions are bad items; default: no limit")
     max_bad_fraction: float = Field(0.05, ge=0, le=1, description="more bad items than this fails the node")
+    trajectories: TrajectoriesConfig | None = Field(None, description="source teacher-trajectories: what to sample")
 
     @model_validator(mode="after")
     def _fields_for_source(self) -> DatasetConfig:
-        if (self.source == "builtin-digits") == (self.path is not None):
+        if (self.source in ("builtin-digits", TRAJECTORIES)) == (self.path is not None):
             raise ValueError("'path' is required for sources prompt-files, image-folder and table, and only for them")
+        if (self.source == TRAJECTORIES) != (self.trajectories is not None):
+            raise ValueError(f"'trajectories' is required for source {TRAJECTORIES!r}, and only for it")
+        if self.source == TRAJECTORIES:
+            options = (*DIGITS_ONLY, *IMAGE_ONLY, "image_column", "split_seed")
+            unused = [name for name in options if name in self.model_fields_set]
+            if unused:
+                raise ValueError(f"{', '.join(unused)} do not apply to source {TRAJECTORIES!r}; remove them")
+            return self
         images = self.source in IMAGE_SOURCES
         unused = [n for n in (DIGITS_ONLY if images else IMAGE_ONLY) if n in self.model_fields_set]
         if "image_column" in self.model_fields_set and self.source != "table":
@@ -85,10 +112,13 @@ class DatasetConfig(StrictModel):
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """Each source's own fields only, so the digits and prompt-files keep their params and fingerprints."""
         data = handler(self)
+        if self.source == TRAJECTORIES:
+            return {"source": self.source, "trajectories": data["trajectories"]}
         for name in DIGITS_ONLY if self.source in IMAGE_SOURCES else IMAGE_ONLY:
             data.pop(name, None)
         if self.source != "table":
             data.pop("image_column", None)
+        data.pop("trajectories", None)
         return data
 
 
@@ -364,12 +394,33 @@ class PipelineConfig(StrictModel):
             for i, ds in enumerate(cond.datasets):
                 if ds not in self.datasets:
                     errors.append((f"conditions.{name}.datasets.{i}", _unknown("dataset", ds, self.datasets)))
+                elif self.datasets[ds].source == TRAJECTORIES:
+                    errors.append(
+                        (
+                            f"conditions.{name}.datasets.{i}",
+                            f"{ds!r} is sampled with this cache's conditions; list its trajectories.prompts "
+                            "dataset instead",
+                        )
+                    )
+        for name, dataset in self.datasets.items():
+            if dataset.trajectories is not None:
+                errors += self._trajectory_problems(name, dataset.trajectories)
         earlier: list[str] = []
         for name, stage in self.stages.items():
             if name in INIT_KEYWORDS:
                 errors.append((f"stages.{name}", f"{name!r} is reserved for model.init; rename the stage"))
             if stage.data is not None:
                 errors += self._data_problems(name, stage.data)
+                read = self.datasets.get(stage.data.dataset)
+                sampled = read.trajectories if read is not None else None
+                if sampled is not None and sampled.stage not in earlier:
+                    errors.append(
+                        (
+                            f"stages.{name}.data.dataset",
+                            f"{stage.data.dataset!r} is sampled from stage {sampled.stage!r}, which must "
+                            "be an earlier stage",
+                        )
+                    )
             errors += _init_problems(name, stage.model, earlier, gated=bool(self.export and self.export.promote))
             earlier.append(name)
         for i, stage_name in enumerate(self.evaluate.after):
@@ -407,6 +458,29 @@ class PipelineConfig(StrictModel):
             raise ValueError("\n  ".join(f"{path}: {msg}" for path, msg in errors))
         return self
 
+    def _trajectory_problems(self, name: str, config: TrajectoriesConfig) -> list[tuple[str, str]]:
+        """A teacher stage, prompt set or cache that does not exist, or a cache that lacks the prompts."""
+        where = f"datasets.{name}.trajectories"
+        errors = []
+        if config.stage not in self.stages:
+            errors.append((f"{where}.stage", _unknown("stage", config.stage, self.stages)))
+        prompts = self.datasets.get(config.prompts)
+        if prompts is None or prompts.source == TRAJECTORIES:
+            others = [n for n, d in self.datasets.items() if d.source != TRAJECTORIES]
+            errors.append((f"{where}.prompts", _unknown("prompt dataset", config.prompts, others)))
+        cache = self.conditions.get(config.conditions)
+        if cache is None:
+            errors.append((f"{where}.conditions", _unknown("conditions", config.conditions, self.conditions)))
+        elif prompts is not None and config.prompts not in cache.datasets:
+            errors.append(
+                (
+                    f"{where}.conditions",
+                    f"cache {config.conditions!r} does not encode dataset {config.prompts!r}; "
+                    f"add it to conditions.{config.conditions}.datasets",
+                )
+            )
+        return errors
+
     def _data_problems(self, name: str, data: DataRef) -> list[tuple[str, str]]:
         """Unknown datasets or caches, a prompt set that is not prompt files, a dataset its cache lacks."""
         errors = []
@@ -424,11 +498,13 @@ class PipelineConfig(StrictModel):
                 continue
             if key == "prompts" and self.datasets[dataset].source != "prompt-files":
                 errors.append((where, f"dataset {dataset!r} is not a 'prompt-files' source"))
-            if cache is not None and dataset not in cache.datasets:
+            sampled = self.datasets[dataset].trajectories
+            encoded = sampled.prompts if sampled is not None else dataset
+            if cache is not None and encoded not in cache.datasets:
                 errors.append(
                     (
                         f"stages.{name}.data.conditions",
-                        f"cache {data.conditions!r} does not encode dataset {dataset!r}; "
+                        f"cache {data.conditions!r} does not encode dataset {encoded!r}; "
                         f"add it to conditions.{data.conditions}.datasets",
                     )
                 )

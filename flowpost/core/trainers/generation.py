@@ -25,6 +25,7 @@ class GenerationTrainer(BaseTrainer):
     acquisition: ClassVar[Acquisition] = Acquisition.GENERATION
     arguments_base: ClassVar[type[OnlineArguments]] = OnlineArguments
     args: OnlineArguments
+    stores_steps: ClassVar[bool] = False  # keep the window's states for training (coupled objectives always do)
 
     def __init__(self, *, rewards: WeightedRewards | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -40,7 +41,7 @@ class GenerationTrainer(BaseTrainer):
             inputs=self.inputs,
             seed=self.spec.seed,
             stage=self.stage,
-            store=self.paradigm is Paradigm.COUPLED,
+            store=self.paradigm is Paradigm.COUPLED or self.stores_steps,
             collective_passes=self.parallel.collective_passes,
             rewards=rewards,
         )

@@ -18,6 +18,9 @@ TRAINERS: dict[str, str] = {
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
     "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",
+    "consistency": "flowpost.core.trainers.distill.consistency:ConsistencyTrainer",
+    "diffusion-opd": "flowpost.core.trainers.distill.opd:OPDTrainer",
+    "kd": "flowpost.core.trainers.distill.kd:KDTrainer",
 }
 
 
