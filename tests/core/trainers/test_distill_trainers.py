@@ -39,3 +39,88 @@ def test_a_consistency_stage_trains_the_student_and_keeps_the_teacher(make_train
     assert any(not torch.equal(after[k], before[k]) for k in before)
     metrics = _step_metrics(tmp_path)
     assert len(metrics) == 3 and all(m["loss"] > 0 and torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
+
+
+def test_consistency_resumes_to_identical_weights_target_and_teacher(make_trainer, tmp_path):
+    settings = {"cls": ConsistencyTrainer, "init_from": INIT, "callbacks": EMA, "teacher_steps": 4}
+    straight = make_trainer(tmp_path / "straight", resume=False, max_steps=4, **settings)
+    straight.start()
+    make_trainer(tmp_path / "resumed", max_steps=2, checkpoint_every=1, **settings).start()
+    resumed = make_trainer(tmp_path / "resumed", max_steps=4, checkpoint_every=1, **settings)
+    resumed.start()
+    assert resumed.progress == straight.progress
+    a, b = straight.adapter.module().state_dict(), resumed.adapter.module().state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("ema", TEACHER):
+        x, y = straight.adapter.snapshots.state_dict(name), resumed.adapter.snapshots.state_dict(name)
+        assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_consistency_without_an_ema_target_names_the_callback(make_trainer, tmp_path):
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.callbacks\.ema.*target_weights: live"):
+        make_trainer(tmp_path, cls=ConsistencyTrainer, init_from=INIT, max_steps=1)
+    trainer = make_trainer(tmp_path, cls=ConsistencyTrainer, init_from=INIT, max_steps=1, target_weights="live")
+    assert trainer.start().optimizer_step == 1
+
+
+@pytest.mark.parametrize("cls, settings", [(ConsistencyTrainer, {"callbacks": EMA}), (OPDTrainer, ROLLOUTS)])
+def test_distillation_from_scratch_has_no_teacher(make_trainer, tmp_path, cls, settings):
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.init: distillation needs a teacher"):
+        make_trainer(tmp_path, cls=cls, **settings)
+
+
+def test_opd_takes_no_reward(make_trainer, tmp_path):
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.rewards: trainer OPDTrainer uses no reward"):
+        make_trainer(tmp_path, cls=OPDTrainer, init_from=INIT, rewards=[{"name": "jpeg_incompressibility"}])
+
+
+def test_opd_trains_on_every_state_the_student_visits(make_trainer, tmp_path):
+    trainer = make_trainer(tmp_path, cls=OPDTrainer, init_from=INIT, sampling={"dynamics": "ode", "steps": 3}, **ROLLOUTS)
+    rollout = trainer.sample()
+    assert rollout.rewards is None and rollout.latents is not None
+    assert rollout.steps.tolist() == [0, 1]  # the window; the last step's state is its final next state
+    from flowpost.core.trainers.distill.opd import trained_states
+
+    states, sigma, sigma_next = trained_states(rollout, trainer.grid)
+    assert states.shape[0] == 3 * len(rollout)
+    torch.testing.assert_close(states[-len(rollout) :], rollout.next_latents[:, -1], rtol=0, atol=0)
+    torch.testing.assert_close(sigma_next[-len(rollout) :], torch.zeros(len(rollout)), rtol=0, atol=0)
+    torch.testing.assert_close(sigma, trainer.grid[:3].repeat_interleave(len(rollout)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", ["xt", "v", "x0"])
+def test_opd_starts_at_zero_loss_against_its_own_weights_and_not_against_a_finer_teacher(make_trainer, tmp_path, target):
+    sampling = {"dynamics": "ode", "steps": 3}
+    same = make_trainer(tmp_path / "same", cls=OPDTrainer, init_from=INIT, sampling=sampling, target=target, **ROLLOUTS)
+    rollout = same.sample()
+    assert same.loss(rollout, scale=1.0)["loss"] == 0.0
+    finer = make_trainer(
+        tmp_path / "finer", cls=OPDTrainer, init_from=INIT, sampling=sampling, target=target, teacher_substeps=3, **ROLLOUTS
+    )
+    assert finer.loss(rollout, scale=1.0)["loss"] > 0
+
+
+def test_an_opd_stage_moves_the_student_toward_a_finer_teacher_and_resumes_exactly(make_trainer, tmp_path):
+    settings = {
+        "cls": OPDTrainer,
+        "init_from": INIT,
+        "sampling": {"dynamics": "flow-sde", "steps": 3, "noise_level": 0.5},
+        "teacher_substeps": 3,
+        "target": "xt",
+        "lr": 3e-4,
+        **ROLLOUTS,
+    }
+    straight = make_trainer(tmp_path / "straight", resume=False, iterations=4, log_every=1, **settings)
+    before = _trainable(straight)
+    straight.start()
+    after = _trainable(straight)
+    assert any(not torch.equal(after[k], before[k]) for k in before)
+    teacher = straight.adapter.snapshots.state_dict(TEACHER)
+    assert all(torch.equal(teacher[k], before[k]) for k in before)
+    metrics = _step_metrics(tmp_path / "straight")
+    assert not any(key.startswith("reward") for m in metrics for key in m)
+    make_trainer(tmp_path / "resumed", iterations=2, checkpoint_every=1, **settings).start()
+    resumed = make_trainer(tmp_path / "resumed", iterations=4, checkpoint_every=1, **settings)
+    resumed.start()
+    a, b = straight.adapter.module().state_dict(), resumed.adapter.module().state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
