@@ -125,4 +125,5 @@ def test_the_teachers_ode_keeps_the_latents_dtype():
     adapter.module().to(torch.float64)
     state = TinySD3State(torch.zeros(BATCH, 16, 384, dtype=torch.float64), torch.zeros(BATCH, 384, dtype=torch.float64))
     x = torch.randn(BATCH, 1, 16, 16, dtype=torch.float64)
-    assert solve_ode(adapter, x, torch.tensor([0.9, 0.7]), torch.tensor([0.5, 0.2]), state, substeps=3).dtype == torch.float64
+    landed = solve_ode(adapter, x, torch.tensor([0.9, 0.7]), torch.tensor([0.5, 0.2]), state, substeps=3)
+    assert landed.dtype == torch.float64

@@ -10,7 +10,7 @@ import torch
 
 from flowpost.core.events import read_events
 from flowpost.core.trainers.distill.consistency import ConsistencyTrainer
-from flowpost.core.trainers.distill.opd import OPDTrainer
+from flowpost.core.trainers.distill.opd import OPDTrainer, trained_states
 from flowpost.core.trainers.distill.teacher import TEACHER
 from flowpost.errors import FlowpostError
 
@@ -75,12 +75,11 @@ def test_opd_takes_no_reward(make_trainer, tmp_path):
 
 
 def test_opd_trains_on_every_state_the_student_visits(make_trainer, tmp_path):
-    trainer = make_trainer(tmp_path, cls=OPDTrainer, init_from=INIT, sampling={"dynamics": "ode", "steps": 3}, **ROLLOUTS)
+    sampling = {"dynamics": "ode", "steps": 3}
+    trainer = make_trainer(tmp_path, cls=OPDTrainer, init_from=INIT, sampling=sampling, **ROLLOUTS)
     rollout = trainer.sample()
     assert rollout.rewards is None and rollout.latents is not None
     assert rollout.steps.tolist() == [0, 1]  # the window; the last step's state is its final next state
-    from flowpost.core.trainers.distill.opd import trained_states
-
     states, sigma, sigma_next = trained_states(rollout, trainer.grid)
     assert states.shape[0] == 3 * len(rollout)
     torch.testing.assert_close(states[-len(rollout) :], rollout.next_latents[:, -1], rtol=0, atol=0)
@@ -89,14 +88,12 @@ def test_opd_trains_on_every_state_the_student_visits(make_trainer, tmp_path):
 
 
 @pytest.mark.parametrize("target", ["xt", "v", "x0"])
-def test_opd_starts_at_zero_loss_against_its_own_weights_and_not_against_a_finer_teacher(make_trainer, tmp_path, target):
-    sampling = {"dynamics": "ode", "steps": 3}
-    same = make_trainer(tmp_path / "same", cls=OPDTrainer, init_from=INIT, sampling=sampling, target=target, **ROLLOUTS)
+def test_opd_starts_at_zero_loss_against_its_own_weights_but_not_a_finer_teacher(make_trainer, tmp_path, target):
+    settings = {"cls": OPDTrainer, "init_from": INIT, "sampling": {"dynamics": "ode", "steps": 3}, "target": target}
+    same = make_trainer(tmp_path / "same", **settings, **ROLLOUTS)
     rollout = same.sample()
     assert same.loss(rollout, scale=1.0)["loss"] == 0.0
-    finer = make_trainer(
-        tmp_path / "finer", cls=OPDTrainer, init_from=INIT, sampling=sampling, target=target, teacher_substeps=3, **ROLLOUTS
-    )
+    finer = make_trainer(tmp_path / "finer", teacher_substeps=3, **settings, **ROLLOUTS)
     assert finer.loss(rollout, scale=1.0)["loss"] > 0
 
 

@@ -44,8 +44,8 @@ def _acquire(out: Path, teacher_dir: Path, data_dirs: tuple[Path, Path], **optio
 
 
 def test_trajectories_are_the_teachers_fine_euler_states_at_the_students_sigmas(tmp_path, teacher_dir, data_dirs):
-    from flowpost.data.shards import read_shards
     from flowpost.core.io import read_json
+    from flowpost.data.shards import read_shards
 
     manifest = _acquire(tmp_path, teacher_dir, data_dirs, steps=2, substeps=2)
     assert manifest["counts"] == {"train": 6}
