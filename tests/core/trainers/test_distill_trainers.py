@@ -121,3 +121,40 @@ def test_an_opd_stage_moves_the_student_toward_a_finer_teacher_and_resumes_exact
     resumed.start()
     a, b = straight.adapter.module().state_dict(), resumed.adapter.module().state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_distillation_trainers_run_unchanged_on_the_sd3_family(
+    make_trainer, tmp_path, sd3_pipeline_dir, sd3_data_dirs
+):
+    from tiny_sd3_pipeline import load_sd3_adapter
+
+    consistency = make_trainer(
+        tmp_path / "consistency",
+        cls=ConsistencyTrainer,
+        adapter=load_sd3_adapter(sd3_pipeline_dir),
+        dirs=sd3_data_dirs,
+        init_from=INIT,
+        callbacks=EMA,
+        teacher_steps=4,
+        teacher_guidance=2.0,
+        max_steps=1,
+    )
+    before = _trainable(consistency)
+    consistency.start()
+    assert any(not torch.equal(p, before[k]) for k, p in _trainable(consistency).items())
+    opd = make_trainer(
+        tmp_path / "opd",
+        cls=OPDTrainer,
+        adapter=load_sd3_adapter(sd3_pipeline_dir),
+        dirs=sd3_data_dirs,
+        init_from=INIT,
+        lora_rank=4,
+        sampling={"dynamics": "ode", "steps": 2},
+        teacher_substeps=2,
+        iterations=1,
+        **ROLLOUTS,
+    )
+    lora = {k: v for k, v in _trainable(opd).items() if "lora_B" in k}
+    opd.start()
+    after = _trainable(opd)
+    assert lora and any(not torch.equal(after[k], v) for k, v in lora.items())
