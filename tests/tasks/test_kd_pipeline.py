@@ -10,6 +10,8 @@ from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.io import read_json
 from flowpost.tasks.runner import PipelineRun
 
+TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
+
 
 def _kd_pipeline(tiny_pipeline, **sft_train) -> dict:
     pipeline = tiny_pipeline(**sft_train)
@@ -19,7 +21,7 @@ def _kd_pipeline(tiny_pipeline, **sft_train) -> dict:
     }
     pipeline["stages"]["kd"] = {
         "trainer": "kd",
-        "model": {"family": "tiny-sd3", "init": "sft", "transformer": pipeline["stages"]["sft"]["model"]["transformer"]},
+        "model": {"family": "tiny-sd3", "init": "sft", "transformer": dict(TINY)},
         "data": {"dataset": "odes", "conditions": "minilm"},
         "train": {"batch_size": 4, "max_steps": 2},
     }
