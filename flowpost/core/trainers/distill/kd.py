@@ -73,7 +73,14 @@ class KDTrainer(DatasetTrainer):
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         device = self.accelerator.device
         steps = len(self.sigmas) - 1
-        trajectory = split_trajectory(batch["image"].to(device), self.adapter.latent_shape, steps + 1)
+        try:
+            trajectory = split_trajectory(batch["image"].to(device), self.adapter.latent_shape, steps + 1)
+        except ValueError as exc:
+            raise FlowpostError(
+                f"{exc}: the trajectories were sampled from another model; sample them from this stage's "
+                "model.init (datasets.*.trajectories.stage)",
+                where=f"stages.{self.stage}.data.dataset",
+            ) from None
         n = trajectory.shape[0]
         address = {
             "seed": self.spec.seed,
