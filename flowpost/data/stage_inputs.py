@@ -46,6 +46,9 @@ def load_stage_inputs(spec: StageSpec) -> StageInputs:
                 labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
             inputs.prompts = [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
             inputs.assets_dir = dataset_dir / "assets"
+            trajectory = manifest.get("trajectory") if isinstance(manifest, dict) else None
+            if isinstance(trajectory, dict):
+                inputs.trajectory_sigmas = [float(s) for s in trajectory["sigmas"]]
     if spec.prompts_dir is not None:
         inputs.prompts = read_prompt_set(Path(spec.prompts_dir))
     return inputs

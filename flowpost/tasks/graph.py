@@ -48,12 +48,14 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     nodes: list[Node] = []
     common = {"seed": p.seed, "smoke": p.smoke}
     for name, dataset in p.datasets.items():
+        sampled = dataset.trajectories
+        deps = () if sampled is None else (f"train.{sampled.stage}", f"conditions.{sampled.conditions}")
         nodes.append(
             Node(
                 f"acquire.{name}",
                 NodeKind.ACQUIRE,
                 name,
-                (),
+                deps,
                 {**common, **dataset.model_dump(mode="json")},
             )
         )
@@ -131,7 +133,21 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         nodes.append(Node("promote", NodeKind.PROMOTE, p.export.from_stage, ("export",), {**common, **gate}))
     report_deps = tuple(node.id for node in nodes if node.kind in (NodeKind.EVAL, NodeKind.EXPORT, NodeKind.PROMOTE))
     nodes.append(Node("report", NodeKind.REPORT, "report", report_deps, {**common, "name": p.name}))
-    return nodes
+    return _dependencies_first(nodes)
+
+
+def _dependencies_first(nodes: list[Node]) -> list[Node]:
+    """``nodes`` reordered so that each follows its dependencies, otherwise in their given order (an
+    acquisition sampled from a stage comes after that stage)."""
+    ordered: list[Node] = []
+    placed: set[str] = set()
+    pending = list(nodes)
+    while pending:
+        ready = next(node for node in pending if placed.issuperset(node.deps))
+        pending.remove(ready)
+        ordered.append(ready)
+        placed.add(ready.id)
+    return ordered
 
 
 def fixed_folder(node: Node, pipeline: PipelineConfig) -> str:

@@ -54,6 +54,7 @@ from flowpost.tasks.promote import (
 )
 from flowpost.tasks.report import write_report
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
+from flowpost.tasks.trajectories import acquire_trajectories
 from flowpost.tasks.weights import stage_weights
 from flowpost.tasks.workspace import checked_workspace
 
@@ -242,8 +243,23 @@ class NodeCall:
 
 
 def _acquire(call: NodeCall) -> dict[str, Any]:
-    p, key = call.run.pipeline, call.node.key
-    manifest = acquire_dataset(p.datasets[key], call.out, smoke=p.smoke, where=f"datasets.{key}")
+    run, key = call.run, call.node.key
+    p, sampled = run.pipeline, run.pipeline.datasets[key].trajectories
+    if sampled is None:
+        manifest = acquire_dataset(p.datasets[key], call.out, smoke=p.smoke, where=f"datasets.{key}")
+    else:
+        cond_dir = run.path(f"conditions.{sampled.conditions}")
+        manifest = acquire_trajectories(
+            sampled,
+            call.out,
+            dataset=key,
+            weights_dir=stage_weights(run.path(f"train.{sampled.stage}"), sampled.weights)[0],
+            prompts_dir=run.path(f"acquire.{sampled.prompts}"),
+            conditions_dir=cond_dir,
+            encoder_fingerprint=encoder_fingerprint(cond_dir),
+            seed=p.seed,
+            smoke=p.smoke,
+        )
     return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
 
 

@@ -79,3 +79,37 @@ def test_the_ode_stays_on_the_latents_device(on_meta):
             negative=negative,
         )
     assert latents.device == META
+
+
+def test_the_teachers_sub_stepped_ode_and_the_distillation_losses_stay_on_the_latents_device(on_meta):
+    from flowpost.core.sampling.substeps import ode_states
+    from flowpost.core.trainers.distill.consistency import clean_prediction, consistency_loss
+    from flowpost.core.trainers.distill.kd import kd_loss
+    from flowpost.core.trainers.distill.opd import opd_loss
+    from flowpost.core.trainers.distill.teacher import TEACHER, teacher_velocity
+
+    adapter, state, negative = on_meta
+    adapter.snapshots.capture(TEACHER, adapter.module())
+    x = torch.zeros(BATCH, 1, 16, 16, device=META)
+    sigma, sigma_next = torch.tensor([0.8, 0.5]), torch.tensor([0.4, 0.0])  # a CPU sigma table's rows
+    with OneDevice():
+        states = ode_states(adapter, x, state, inference_sigmas(2), substeps=2, guidance=2.0, negative=negative)
+        average = teacher_velocity(adapter, x, sigma, sigma_next, state, substeps=2, guidance=2.0, negative=negative)
+        losses = [
+            opd_loss(average, average, x, sigma, sigma_next, target=target, dynamics="flow-sde", noise_level=0.7)
+            for target in ("xt", "v", "x0")
+        ]
+        losses.append(consistency_loss(clean_prediction(x, sigma, average), clean_prediction(x, sigma_next, average)))
+        losses.append(kd_loss(average, x, sigma, x))
+    assert {t.device for t in (states, average, *losses)} == {META}
+
+
+def test_the_teachers_ode_keeps_the_latents_dtype():
+    from flowpost.core.sampling.substeps import solve_ode
+
+    adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
+    adapter.module().to(torch.float64)
+    state = TinySD3State(torch.zeros(BATCH, 16, 384, dtype=torch.float64), torch.zeros(BATCH, 384, dtype=torch.float64))
+    x = torch.randn(BATCH, 1, 16, 16, dtype=torch.float64)
+    landed = solve_ode(adapter, x, torch.tensor([0.9, 0.7]), torch.tensor([0.5, 0.2]), state, substeps=3)
+    assert landed.dtype == torch.float64

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from flowpost.core.config.schema import DatasetConfig, PipelineConfig, SamplingConfig, StageConfig
+from flowpost.core.config.schema import TRAJECTORIES, DatasetConfig, PipelineConfig, SamplingConfig, StageConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.lazy import unknown_name
 from flowpost.core.logging import get_logger
@@ -135,6 +135,7 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
         problems += _sampling_problems(name, stage, arguments.paradigm)
         problems += _role_problems(name, stage, arguments)
+        problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     if problems := _metric_problems(pipeline):
@@ -218,6 +219,31 @@ def _stage_problems(
             problems.append(
                 f"stages.{name}.train.{key}: {size} does not split evenly over launch.num_processes={processes}"
             )
+    return problems
+
+
+def _distillation_problems(
+    name: str, stage: StageConfig, arguments: TrainerArguments, datasets: dict[str, DatasetConfig]
+) -> list[str]:
+    """A distillation stage without a teacher (its init weights), and trajectories read by a trainer
+    that does not train on them, or the other way round."""
+    problems = []
+    if arguments.paradigm is Paradigm.DISTILLATION and stage.model.init == "scratch":
+        problems.append(
+            f"stages.{name}.model.init: trainer {stage.trainer!r} distils the weights the stage starts from; "
+            "set it to a trained stage (the teacher)"
+        )
+    dataset = datasets.get(stage.data.dataset) if stage.data is not None else None
+    if dataset is None or arguments.execution_contract.acquisition is not Acquisition.DATASET:
+        return problems
+    reads = getattr(arguments, "reads_trajectories", False)
+    if reads != (dataset.source == TRAJECTORIES):
+        problems.append(
+            f"stages.{name}.data.dataset: trainer {stage.trainer!r} trains on a {TRAJECTORIES!r} dataset"
+            if reads
+            else f"stages.{name}.data.dataset: {stage.data.dataset!r} holds teacher trajectories, which only "
+            "trainer 'kd' trains on"
+        )
     return problems
 
 

@@ -37,6 +37,7 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {  # the fields each source reads be
     "webdataset": (*CAPTIONED, "shards", "image_keys", "caption_keys"),
     "hf-dataset": (*CAPTIONED, "image_column", "hub"),
     "video-folder": (*CAPTIONED, "frames"),
+    "teacher-trajectories": ("trajectories",),
 }
 ALWAYS = ("source", "path", "split_seed")
 PATH_SOURCES = ("prompt-files", "image-folder", "table", "video-folder")  # those that need ``path``
@@ -77,11 +78,36 @@ class HubDataset(StrictModel):
     revision: str | None = Field(None, description="a branch, tag or commit; a commit is needed with HF_HUB_OFFLINE")
 
 
+TRAJECTORIES = "teacher-trajectories"  # sampled from a finished stage: no files, no digits options
+
+
+class TrajectoriesConfig(StrictModel):
+    """Teacher ODE trajectories sampled once from a finished stage, at a few-step student's sigmas."""
+
+    stage: str = Field(description="the finished stage whose weights are the teacher")
+    weights: Literal["ema", "live"] = Field("ema", description="which weights of that stage; ema falls back to live")
+    prompts: str = Field(description="the dataset whose training prompts are rolled out")
+    conditions: str = Field(description="the condition cache that encodes those prompts")
+    samples: int = Field(2000, ge=1, description="trajectories; prompts are taken in turn")
+    steps: int = Field(4, ge=1, description="the student's steps: states are stored at its sigmas")
+    substeps: int = Field(5, ge=1, description="teacher Euler steps per student step (steps x substeps in all)")
+    guidance: float = Field(1.0, ge=0, description="classifier-free guidance of the teacher")
+    batch_size: int = Field(250, ge=1, description="trajectories per teacher forward pass")
+
+
 class DatasetConfig(StrictModel):
-    """How to acquire one dataset: the built-in digits, prompts from files, or captioned images or clips."""
+    """How to acquire one dataset: the built-in digits, prompts from files, captioned images or clips, or
+    teacher trajectories sampled from a finished stage (``trajectories``)."""
 
     source: Literal[
-        "builtin-digits", "prompt-files", "image-folder", "table", "webdataset", "hf-dataset", "video-folder"
+        "builtin-digits",
+        "prompt-files",
+        "image-folder",
+        "table",
+        "webdataset",
+        "hf-dataset",
+        "video-folder",
+        "teacher-trajectories",
     ]
     path: str | None = Field(
         None,
@@ -113,6 +139,7 @@ class DatasetConfig(StrictModel):
     split: SplitConfig = Field(default_factory=SplitConfig)
     max_caption_chars: int | None = Field(None, ge=1, description="longer captions are bad items; default: no limit")
     max_bad_fraction: float = Field(0.05, ge=0, le=1, description="more bad items than this fails the node")
+    trajectories: TrajectoriesConfig | None = Field(None, description="source teacher-trajectories: what to sample")
 
     @field_validator("image_keys", "caption_keys")
     @classmethod
@@ -133,6 +160,8 @@ class DatasetConfig(StrictModel):
             raise ValueError("source 'webdataset' reads 'shards': a brace pattern, a URL or a list of them")
         if self.source == "hf-dataset" and (self.path is None) == (self.hub is None):
             raise ValueError("source 'hf-dataset' reads one of 'path' (a save_to_disk folder) and 'hub'")
+        if (self.source == TRAJECTORIES) != (self.trajectories is not None):
+            raise ValueError(f"'trajectories' is required for source {TRAJECTORIES!r}, and only for it")
         own = SOURCE_FIELDS[self.source]
         unused = [n for n in type(self).model_fields if n in self.model_fields_set and n not in (*ALWAYS, *own)]
         if unused:
@@ -528,12 +557,33 @@ class PipelineConfig(StrictModel):
             for i, ds in enumerate(cond.datasets):
                 if ds not in self.datasets:
                     errors.append((f"conditions.{name}.datasets.{i}", _unknown("dataset", ds, self.datasets)))
+                elif self.datasets[ds].source == TRAJECTORIES:
+                    errors.append(
+                        (
+                            f"conditions.{name}.datasets.{i}",
+                            f"{ds!r} is sampled with this cache's conditions; list its trajectories.prompts "
+                            "dataset instead",
+                        )
+                    )
+        for name, dataset in self.datasets.items():
+            if dataset.trajectories is not None:
+                errors += self._trajectory_problems(name, dataset.trajectories)
         earlier: list[str] = []
         for name, stage in self.stages.items():
             if name in INIT_KEYWORDS:
                 errors.append((f"stages.{name}", f"{name!r} is reserved for model.init; rename the stage"))
             if stage.data is not None:
                 errors += self._data_problems(name, stage.data)
+                read = self.datasets.get(stage.data.dataset)
+                sampled = read.trajectories if read is not None else None
+                if sampled is not None and sampled.stage not in earlier:
+                    errors.append(
+                        (
+                            f"stages.{name}.data.dataset",
+                            f"{stage.data.dataset!r} is sampled from stage {sampled.stage!r}, which must "
+                            "be an earlier stage",
+                        )
+                    )
             errors += _init_problems(name, stage.model, earlier, gated=bool(self.export and self.export.promote))
             earlier.append(name)
         for i, stage_name in enumerate(self.evaluate.after):
@@ -584,6 +634,29 @@ class PipelineConfig(StrictModel):
             return [("evaluate.dataset", f"dataset {name!r} holds nothing out; set datasets.{name}.split.eval")]
         return []
 
+    def _trajectory_problems(self, name: str, config: TrajectoriesConfig) -> list[tuple[str, str]]:
+        """A teacher stage, prompt set or cache that does not exist, or a cache that lacks the prompts."""
+        where = f"datasets.{name}.trajectories"
+        errors = []
+        if config.stage not in self.stages:
+            errors.append((f"{where}.stage", _unknown("stage", config.stage, self.stages)))
+        prompts = self.datasets.get(config.prompts)
+        if prompts is None or prompts.source == TRAJECTORIES:
+            others = [n for n, d in self.datasets.items() if d.source != TRAJECTORIES]
+            errors.append((f"{where}.prompts", _unknown("prompt dataset", config.prompts, others)))
+        cache = self.conditions.get(config.conditions)
+        if cache is None:
+            errors.append((f"{where}.conditions", _unknown("conditions", config.conditions, self.conditions)))
+        elif prompts is not None and config.prompts not in cache.datasets:
+            errors.append(
+                (
+                    f"{where}.conditions",
+                    f"cache {config.conditions!r} does not encode dataset {config.prompts!r}; "
+                    f"add it to conditions.{config.conditions}.datasets",
+                )
+            )
+        return errors
+
     def _data_problems(self, name: str, data: DataRef) -> list[tuple[str, str]]:
         """Unknown datasets or caches, a prompt set that is not prompt files, a dataset its cache lacks."""
         errors = []
@@ -601,11 +674,13 @@ class PipelineConfig(StrictModel):
                 continue
             if key == "prompts" and self.datasets[dataset].source != "prompt-files":
                 errors.append((where, f"dataset {dataset!r} is not a 'prompt-files' source"))
-            if cache is not None and dataset not in cache.datasets:
+            sampled = self.datasets[dataset].trajectories
+            encoded = sampled.prompts if sampled is not None else dataset
+            if cache is not None and encoded not in cache.datasets:
                 errors.append(
                     (
                         f"stages.{name}.data.conditions",
-                        f"cache {data.conditions!r} does not encode dataset {dataset!r}; "
+                        f"cache {data.conditions!r} does not encode dataset {encoded!r}; "
                         f"add it to conditions.{data.conditions}.datasets",
                     )
                 )

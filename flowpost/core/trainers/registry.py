@@ -20,6 +20,9 @@ TRAINERS: dict[str, str] = {
     "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",
     "dmd2": "flowpost.core.trainers.distill.dmd2:DMD2Trainer",
     "tdm": "flowpost.core.trainers.distill.tdm:TDMTrainer",
+    "consistency": "flowpost.core.trainers.distill.consistency:ConsistencyTrainer",
+    "diffusion-opd": "flowpost.core.trainers.distill.opd:OPDTrainer",
+    "kd": "flowpost.core.trainers.distill.kd:KDTrainer",
 }
 
 

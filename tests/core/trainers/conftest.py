@@ -34,6 +34,7 @@ from flowpost.stage import build_callbacks, build_rewards, build_validation
 TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 RECORDS = 20  # batch 4 -> 5 batches per epoch
 FINGERPRINT = "test-encoder"
+DATASET_TRAINERS = ("sft", "consistency", "kd")  # the fixture's default batch size fits their data
 
 
 def _fake_encode(prompts: list[str]) -> ConditionBatch:
@@ -101,7 +102,8 @@ def _registered_name(cls: type) -> str:
 def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, listeners={}, lora_rank=None, **train_args)``.
 
-    ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data.
+    ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data;
+    ``init_from`` is the spec's (distillation trainers need one: their teacher is the init weights).
 
     ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name.
 
@@ -122,6 +124,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         adapter: ModelAdapter | None = None,
         dirs: tuple[Path, Path] | None = None,
         optimizers: dict[str, dict[str, Any]] | None = None,
+        init_from: str | None = None,
         **args: Any,
     ) -> BaseTrainer:
         dataset_dir, conditions_dir = dirs or data_dirs
@@ -133,10 +136,11 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             dataset_dir=str(dataset_dir),
             conditions_dir=str(conditions_dir),
             encoder_fingerprint=FINGERPRINT,
+            init_from=init_from,
             resume=resume,
         )
         name = _registered_name(cls)
-        defaults = {"lr": 1e-3, **({"batch_size": 4} if name == "sft" else {})}
+        defaults = {"lr": 1e-3, **({"batch_size": 4} if name in DATASET_TRAINERS else {})}
         arguments = arguments_class(name).model_validate({**defaults, **args})
         inputs = load_stage_inputs(spec)
         callback_config = CallbacksConfig.model_validate(callbacks or {})

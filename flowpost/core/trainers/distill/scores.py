@@ -15,10 +15,10 @@ from flowpost.core.contracts import ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT, Execu
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.distill.distribution_matching import x0_from_velocity
+from flowpost.core.trainers.distill.teacher import TEACHER
 
 GENERATOR = "generator"
 FAKE_SCORE = "fake_score"
-TEACHER = "teacher"  # the stage's init weights, captured before the first update
 
 
 class DistributionMatchingArguments(OnlineArguments):
