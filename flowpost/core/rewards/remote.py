@@ -139,6 +139,11 @@ class RemoteReward:
             )
         return token
 
+    def _redacted(self, text: str) -> str:
+        """``text`` from the server with the bearer token masked: a server may echo the request's headers."""
+        token = os.environ.get(self.token_env) if self.token_env else None
+        return text.replace(token, "[token]") if token else text
+
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
         batch = media.shape[0]
         if batch == 0:
@@ -190,7 +195,7 @@ class RemoteReward:
                         "for scoring: set the reward's url to the address that answers",
                         where=self.where,
                     ) from None
-                detail = _error_detail(exc.read())
+                detail = self._redacted(_error_detail(exc.read()))
                 if exc.code < 500:
                     raise FlowpostError(
                         f"reward server answered HTTP {exc.code} {exc.reason}: {detail}", where=self.where
@@ -208,13 +213,14 @@ class RemoteReward:
         try:
             return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
-            excerpt = raw[:200].decode("utf-8", "replace")
+            excerpt = self._redacted(raw[:200].decode("utf-8", "replace"))
             raise FlowpostError(f"reward server answered non-JSON: {excerpt!r}", where=self.where) from None
 
     def _parse(self, raw: bytes, batch: int) -> list[float]:
         answer = self._json(raw)
         if not isinstance(answer, dict) or "scores" not in answer:
-            raise FlowpostError(f'reward server answer has no "scores": {json.dumps(answer)[:200]}', where=self.where)
+            excerpt = self._redacted(json.dumps(answer)[:200])
+            raise FlowpostError(f'reward server answer has no "scores": {excerpt}', where=self.where)
         scores = answer["scores"]
         if not isinstance(scores, list) or len(scores) != batch:
             got = f"{len(scores)} scores" if isinstance(scores, list) else type(scores).__name__
@@ -224,6 +230,8 @@ class RemoteReward:
         for i, score in enumerate(scores):
             if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
                 raise FlowpostError(
-                    f"reward server score {i} is {score!r}; every score must be a finite number", where=self.where
+                    f"reward server score {i} is {self._redacted(repr(score))[:200]}; every score must be a finite "
+                    "number",
+                    where=self.where,
                 )
         return [float(score) for score in scores]
