@@ -33,6 +33,22 @@ def _velocity(net: torch.nn.Module, x: Tensor, sigma: Tensor, cond: ConditionBat
     return net(hidden_states=x, encoder_hidden_states=states, pooled_projections=cond.pooled, timestep=timestep)[0]
 
 
+def flow_sde_transition(
+    v: Tensor, x: Tensor, sigma: Tensor, sigma_next: Tensor, noise_level: float
+) -> tuple[Tensor, Tensor]:
+    """Mean and std of Flow-GRPO's SDE step ``sigma -> sigma_next`` (per-row sigmas [B], images [B, C, H, W])."""
+    s = sigma.view(-1, 1, 1, 1)
+    sn = sigma_next.view(-1, 1, 1, 1)
+    g = noise_level * torch.sqrt(s / torch.where(s >= 1.0, 1.0 - sn, 1.0 - s))
+    mean = x + (sn - s) * (v + g**2 / (2.0 * s) * (x + (1.0 - s) * v))
+    return mean, g * torch.sqrt(s - sn)
+
+
+def log_prob(value: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """Per-row mean of the elementwise normal log-density."""
+    return (-((value - mean) ** 2) / (2.0 * std**2) - torch.log(std) - HALF_LOG_TWO_PI).flatten(1).mean(1)
+
+
 class _Optimised:
     """AdamW with linear warm-up and a warm-up-scheduled EMA of the trainable weights."""
 
@@ -147,16 +163,7 @@ class HandGRPO:
         self.generator = torch.Generator().manual_seed(spec.seed)
 
     def _transition(self, v: Tensor, x: Tensor, sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and std of the flow-SDE step ``sigma -> sigma_next`` (per-row sigmas [B])."""
-        s = sigma.view(-1, 1, 1, 1)
-        sn = sigma_next.view(-1, 1, 1, 1)
-        g = self.sampling.noise_level * torch.sqrt(s / torch.where(s >= 1.0, 1.0 - sn, 1.0 - s))
-        mean = x + (sn - s) * (v + g**2 / (2.0 * s) * (x + (1.0 - s) * v))
-        return mean, g * torch.sqrt(s - sn)
-
-    @staticmethod
-    def _log_prob(value: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-        return (-((value - mean) ** 2) / (2.0 * std**2) - torch.log(std) - HALF_LOG_TWO_PI).flatten(1).mean(1)
+        return flow_sde_transition(v, x, sigma, sigma_next, self.sampling.noise_level)
 
     @torch.no_grad()
     def _rollout(self) -> dict[str, Any]:
@@ -181,7 +188,7 @@ class HandGRPO:
                 nxt = mean + std * torch.randn(x.shape, generator=g)
                 stored["x"].append(x)
                 stored["next"].append(nxt)
-                stored["log_prob"].append(self._log_prob(nxt, mean, std))
+                stored["log_prob"].append(log_prob(nxt, mean, std))
                 x = nxt
             else:
                 x = x + (sigmas[j + 1] - sigmas[j]) * v
@@ -207,7 +214,7 @@ class HandGRPO:
         sigma_next = self.sigmas[window.start + 1 : window.stop + 1].repeat_interleave(size)
         cond = rollout["cond"].index(rows.repeat(steps))
         mean, std = self._transition(_velocity(self.net, x, sigma, cond), x, sigma, sigma_next)
-        log_prob = self._log_prob(target, mean, std).view(steps, size)
+        current = log_prob(target, mean, std).view(steps, size)
         kl = torch.zeros(steps, size)
         if self.ref is not None:
             with torch.no_grad():
@@ -215,7 +222,7 @@ class HandGRPO:
             kl = ((mean - ref_mean) ** 2 / (2.0 * std**2)).flatten(1).mean(1).view(steps, size)
         advantages = rollout["advantages"][rows]
         old = rollout["log_prob"][rows].T
-        ratio = torch.exp(log_prob - old)
+        ratio = torch.exp(current - old)
         clip = self.train["clip_range"]
         policy = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)).mean(1)
         loss = (policy + self.train["kl_beta"] * kl.mean(1)).sum() / steps
