@@ -2,6 +2,7 @@
 trainer against a minimal hand-written torch loop (``hand_loops.py``) on the same model and batch.
 
     python bench/core_overhead.py [--workspace bench-ws] [--sft-steps 12] [--grpo-iterations 3] [--rounds 4]
+                                  [--set stages.sft.train.batch_size=16 ...]
 
 Both run in this process (same threads), alternating round by round; each round builds a fresh
 model and times every unit after its first. Reports the median seconds per unit of each and the
@@ -23,9 +24,9 @@ from flowpost.core.io import write_json_atomic
 from flowpost.stage import build_trainer
 
 
-def compare(workspace: Path, name: str, units: int, rounds: int) -> Comparison:
+def compare(workspace: Path, name: str, units: int, rounds: int, overrides: list[str]) -> Comparison:
     """Stage ``name`` (sft or grpo) through flowpost against its hand-written loop."""
-    run = prepared_run(workspace, bench_pipeline({name: units}))
+    run = prepared_run(workspace, bench_pipeline({name: units}, overrides))
     out = workspace / "core_overhead" / name
 
     def through_flowpost() -> list[float]:
@@ -52,13 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-steps", type=int, default=12, help="SFT optimizer steps per round")
     parser.add_argument("--grpo-iterations", type=int, default=3, help="GRPO rollout iterations per round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per arm, alternating")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override (dotted)")
     args = parser.parse_args(argv)
     results = {}
     for name, units in (("sft", args.sft_steps), ("grpo", args.grpo_iterations)):
-        comparison = compare(args.workspace, name, units, args.rounds)
-        train = stage_train(bench_pipeline({name: units}), name)
+        comparison = compare(args.workspace, name, units, args.rounds, args.overrides)
+        train = stage_train(bench_pipeline({name: units}, args.overrides), name)
         print(f"{name}: {comparison.line(items_per_unit(name, train))} (goal <= 1.05)", flush=True)
-        results[name] = comparison.summary() | {"seconds": comparison.seconds}
+        results[name] = comparison.summary() | {
+            "items_per_unit": items_per_unit(name, train),
+            "seconds": comparison.seconds,
+        }
     write_json_atomic(args.workspace / "core_overhead.json", results)
     return 0
 

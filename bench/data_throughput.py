@@ -1,7 +1,7 @@
 """Whether the loader keeps up: the demonstration loader's batches per second against the SFT
 trainer's optimizer steps per second on the same batch size (items/s both).
 
-    python bench/data_throughput.py [--workspace bench-ws] [--batches 40] [--steps 12] [--rounds 4]
+    python bench/data_throughput.py [--workspace bench-ws] [--batches 40] [--steps 12] [--rounds 4] [--set ...]
 
 The loader arm opens the stage's loader (shards read and hash-checked, outside the timing) and
 times each of ``--batches`` collated batches; the training arm runs the default pipeline's SFT
@@ -26,8 +26,8 @@ from flowpost.data.stage_inputs import load_stage_inputs
 from flowpost.stage import build_trainer
 
 
-def compare(workspace: Path, batches: int, steps: int, rounds: int) -> tuple[Comparison, int]:
-    pipeline = bench_pipeline({"sft": steps})
+def compare(workspace: Path, batches: int, steps: int, rounds: int, overrides: list[str]) -> tuple[Comparison, int]:
+    pipeline = bench_pipeline({"sft": steps}, overrides)
     run = prepared_run(workspace, pipeline)
     batch_size = pipeline.stages["sft"].train["batch_size"]
     out = workspace / "data_throughput"
@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=40, help="loader batches timed per round")
     parser.add_argument("--steps", type=int, default=12, help="SFT optimizer steps per round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per arm, alternating")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override (dotted)")
     args = parser.parse_args(argv)
-    comparison, batch_size = compare(args.workspace, args.batches, args.steps, args.rounds)
+    comparison, batch_size = compare(args.workspace, args.batches, args.steps, args.rounds, args.overrides)
     print(f"data: {comparison.line(batch_size)}", flush=True)
     write_json_atomic(
         args.workspace / "data_throughput.json",

@@ -1,7 +1,7 @@
 """What "nothing changed" costs in each runner: a no-op ``dvc repro`` against a no-op ``flowpost run``
 (every node cached) of the same smoke-profile default pipeline.
 
-    python bench/dvc_noop.py [--workspace bench-ws] [--repeats 3]
+    python bench/dvc_noop.py [--workspace bench-ws] [--repeats 3] [--set KEY=VALUE ...]
 
 Sets up (untimed) a git + DVC repository with ``flowpost dvc sync --set smoke=true`` and one
 ``dvc repro``, and one ``flowpost run --smoke`` into a workspace beside it; then times each no-op
@@ -41,8 +41,9 @@ def _run(command: list[str], cwd: Path) -> str:
     return done.stdout
 
 
-def prepared_repository(root: Path) -> Path:
-    """A repository whose smoke pipeline ``dvc repro`` and ``flowpost run`` have both completed."""
+def prepared_repository(root: Path, sets: list[str]) -> Path:
+    """A repository whose smoke pipeline (``sets``: ``--set`` flags) ``dvc repro`` and ``flowpost run``
+    have both completed."""
     repo = root / "dvc-noop"
     shutil.rmtree(repo, ignore_errors=True)
     repo.mkdir(parents=True)
@@ -53,9 +54,9 @@ def prepared_repository(root: Path) -> Path:
         ["git", "config", "user.name", "bench"],
         [*dvc, "init", "-q"],
         [*dvc, "config", "core.analytics", "false"],
-        [*flowpost, "dvc", "sync", "--set", "smoke=true"],
+        [*flowpost, "dvc", "sync", "--set", "smoke=true", *sets],
         [*dvc, "repro"],
-        [*flowpost, "run", "--smoke", "--workspace", "flow-ws"],
+        [*flowpost, "run", "--smoke", "--workspace", "flow-ws", *sets],
     ):
         _run(command, repo)
     return repo
@@ -65,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
     parser.add_argument("--repeats", type=int, default=3, help="timed no-ops per runner, alternating")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override (dotted)")
     args = parser.parse_args(argv)
-    repo = prepared_repository(args.workspace.resolve())
+    sets = [flag for value in args.overrides for flag in ("--set", value)]
+    repo = prepared_repository(args.workspace.resolve(), sets)
 
     def timed(command: list[str], expect: str) -> list[float]:
         start = time.perf_counter()
@@ -80,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         ("dvc_repro", lambda: timed([sys.executable, "-m", "dvc", "repro"], "up to date")),
         (
             "flowpost_run",
-            lambda: timed([sys.executable, "-m", "flowpost.cli", "run", "--smoke", "--workspace", "flow-ws"], "cached"),
+            lambda: timed(
+                [sys.executable, "-m", "flowpost.cli", "run", "--smoke", "--workspace", "flow-ws", *sets], "cached"
+            ),
         ),
         rounds=args.repeats,
         unit="no-op run",

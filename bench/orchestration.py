@@ -1,6 +1,7 @@
 """What Prefect costs: a pipeline run as a flow against the same nodes run directly.
 
     python bench/orchestration.py [--workspace bench-ws] [--sft-steps N] [--grpo-iterations N] [--repeats 1] [--smoke]
+                                   [--set KEY=VALUE ...]
 
 Runs the default pipeline (its own budgets unless cut as given, or the smoke profile's with
 ``--smoke``; 100 eval samples) in fresh
@@ -108,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpo-iterations", type=int, help="default: the pipeline's")
     parser.add_argument("--repeats", type=int, default=1, help="direct/flow pairs, interleaved (machine drift)")
     parser.add_argument("--smoke", action="store_true", help="the smoke profile: a few steps per stage")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override (dotted)")
     args = parser.parse_args(argv)
     root = args.workspace / "orchestration"
-    sets = overrides(args.sft_steps, args.grpo_iterations, smoke=args.smoke)
+    sets = overrides(args.sft_steps, args.grpo_iterations, smoke=args.smoke) + args.overrides
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "flow": []}
     for repeat in range(args.repeats):
         for mode in ("direct", "flow") if repeat % 2 == 0 else ("flow", "direct"):

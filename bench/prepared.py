@@ -17,10 +17,10 @@ from flowpost.tasks.train import stage_spec
 UPSTREAM = ("acquire.digits", "conditions.minilm")
 
 
-def bench_pipeline(budgets: dict[str, int]) -> PipelineConfig:
-    """The default pipeline with each named stage from scratch for ``budgets[stage]`` units, one event
-    per unit, no checkpoints or trackers (the model and batch sizes stay the pipeline's)."""
-    data = pipeline_to_dict(load_pipeline(None))
+def bench_pipeline(budgets: dict[str, int], overrides: list[str] | None = None) -> PipelineConfig:
+    """The default pipeline (with dotted ``overrides``, e.g. smaller batches) with each named stage from
+    scratch for ``budgets[stage]`` units, one event per unit, no checkpoints or trackers."""
+    data = pipeline_to_dict(load_pipeline(None, overrides))
     for name, budget in budgets.items():
         stage = data["stages"][name]
         key = "max_steps" if name == "sft" else "iterations"

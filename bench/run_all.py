@@ -34,6 +34,14 @@ import torch
 from flowpost.core.io import read_json
 
 BENCH = Path(__file__).resolve().parent
+SMALL_BATCHES = [  # the quick profile's: the default pipeline's model on an eighth of its batches
+    "stages.sft.train.batch_size=8",
+    "stages.grpo.train.prompts_per_iteration=2",
+    "stages.grpo.train.group_size=4",
+    "stages.grpo.train.rollout_batch_size=8",
+    "stages.grpo.train.train_batch_size=4",
+]
+SMALL = [flag for value in SMALL_BATCHES for flag in ("--set", value)]
 PROFILES: dict[str, dict[str, list[str]]] = {
     "full": {
         "core_overhead": ["--sft-steps", "12", "--grpo-iterations", "3", "--rounds", "4"],
@@ -44,12 +52,12 @@ PROFILES: dict[str, dict[str, list[str]]] = {
         "scaling": ["--processes", "1", "2", "--steps", "30"],
     },
     "quick": {
-        "core_overhead": ["--sft-steps", "3", "--grpo-iterations", "2", "--rounds", "2"],
-        "condition_cache": ["--steps", "3", "--rounds", "2"],
-        "data_throughput": ["--batches", "5", "--steps", "3", "--rounds", "2"],
-        "orchestration": ["--smoke", "--repeats", "1"],
-        "dvc_noop": ["--repeats", "1"],
-        "scaling": ["--processes", "1", "2", "--steps", "6"],
+        "core_overhead": ["--sft-steps", "4", "--grpo-iterations", "3", "--rounds", "2", *SMALL],
+        "condition_cache": ["--steps", "4", "--rounds", "2", *SMALL],
+        "data_throughput": ["--batches", "10", "--steps", "4", "--rounds", "2", *SMALL],
+        "orchestration": ["--smoke", "--repeats", "1", *SMALL],
+        "dvc_noop": ["--repeats", "1", *SMALL],
+        "scaling": ["--processes", "1", "2", "--steps", "10", *SMALL],
     },
 }
 MODULES = {
@@ -155,7 +163,7 @@ def render(name: str, workspace: Path) -> list[str]:
     if name == "core_overhead":
         return core_section(result)
     if name == "condition_cache":
-        return cache_section(result, core_overhead.bench_pipeline({"sft": 1}).stages["sft"].train["batch_size"])
+        return cache_section(result, result["batch_size"])
     if name == "data_throughput":
         return data_section(result)
     if name == "orchestration":
