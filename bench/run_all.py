@@ -193,6 +193,32 @@ def _machine() -> str:
     )
 
 
+def write_results(out: Path, profile: str, sections: list[str], seconds: float) -> None:
+    """``out``: when, where and how the figures were measured, how to rerun them, then ``sections``."""
+    rerun = "python bench/run_all.py" + (" --quick" if profile == "quick" else "")
+    header = [
+        "# Benchmarks",
+        "",
+        f"Profile `{profile}`, {seconds:.0f} s in all; {_machine()}.",
+        "",
+        "Each benchmark measures flowpost and its baseline in the same run, alternating their order round by",
+        "round, and reports medians and the ratio. The figures below come from a shared, noisy machine",
+        "(see the load average); rerun them on an otherwise idle one before quoting them.",
+        "",
+        "How to rerun (from the repository root, with flowpost installed):",
+        "",
+        "```",
+        f"{rerun}            # everything; writes bench/results.md",
+        "make bench                          # the full profile, the same as python bench/run_all.py",
+        "python bench/run_all.py --only core_overhead   # one benchmark (or several)",
+        "```",
+        "",
+        "Each section names the command that reruns that benchmark alone (its JSON lands in the workspace).",
+        "",
+    ]
+    out.write_text("\n".join(header + sections))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small budgets: check that every benchmark runs")
@@ -213,28 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         body = _run(module.main, ["--workspace", str(args.workspace), *flags], name, args.workspace)
         seconds = time.monotonic() - begun
         sections += [f"## {TITLES[name]}", "", f"`{command}` ({seconds:.0f} s)", "", *body, ""]
-    rerun = "python bench/run_all.py" + (" --quick" if args.quick else "")
-    header = [
-        "# Benchmarks",
-        "",
-        f"Profile `{profile}`, {time.monotonic() - started:.0f} s in all; {_machine()}.",
-        "",
-        "Each benchmark measures flowpost and its baseline in the same run, alternating their order round by",
-        "round, and reports medians and the ratio. The figures below come from a shared, noisy machine",
-        "(see the load average); rerun them on an otherwise idle one before quoting them.",
-        "",
-        "How to rerun (from the repository root, with flowpost installed):",
-        "",
-        "```",
-        f"{rerun}            # everything; writes bench/results.md",
-        "make bench                          # the full profile, the same as python bench/run_all.py",
-        "python bench/run_all.py --only core_overhead   # one benchmark (or several)",
-        "```",
-        "",
-        "Each section names the command that reruns that benchmark alone (its JSON lands in the workspace).",
-        "",
-    ]
-    args.out.write_text("\n".join(header + sections))
+        write_results(args.out, profile, sections, time.monotonic() - started)  # a later failure keeps these
     print(f"\nwrote {args.out}")
     return 0
 
