@@ -1,13 +1,14 @@
 """Run every benchmark and write ``bench/results.md``: flowpost against its baseline, measured in the
 same run, alternating, medians and ratios.
 
-    python bench/run_all.py [--quick] [--workspace bench-ws] [--out bench/results.md]
+    python bench/run_all.py [--quick] [--workspace bench-ws] [--out bench/results.md] [--only NAME ...] [--render]
     make bench            # the same, full profile (make bench-quick: --quick)
 
 The full profile fits in about ten minutes on an idle 2-core machine once the bench workspace holds
 the default pipeline's dataset and condition cache (built on the first run, reused while the code is
 unchanged); ``--quick`` checks the wiring in a fraction of that. A benchmark that fails is reported
-in the results with its error, and the others still run.
+in the results with its error, and the others still run. ``--render`` runs nothing and writes the
+results file from the JSON the benchmarks left in the workspace (e.g. ones run one by one).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import orchestration
 import scaling
 import torch
 
-from flowpost.core.io import read_json
+from flowpost.core.io import read_json, write_json_atomic
 
 BENCH = Path(__file__).resolve().parent
 SMALL_BATCHES = [  # the quick profile's: the default pipeline's model on an eighth of its batches
@@ -225,23 +226,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
     parser.add_argument("--out", type=Path, default=BENCH / "results.md")
     parser.add_argument("--only", nargs="+", choices=list(MODULES), help="run these benchmarks only")
+    parser.add_argument(
+        "--render", action="store_true", help="run nothing: write the results of earlier runs in the workspace"
+    )
     args = parser.parse_args(argv)
     profile = "quick" if args.quick else "full"
+    timings = args.workspace / "run_all.json"
+    seconds = read_json(timings) if args.render and timings.is_file() else {}
     sections: list[str] = []
-    started = time.monotonic()
     for name, module in MODULES.items():
         if args.only and name not in args.only:
             continue
         flags = PROFILES[profile][name]
         command = f"python bench/{name}.py --workspace {args.workspace} {' '.join(flags)}"
-        print(f"\n== {name}: {command}", flush=True)
-        begun = time.monotonic()
-        body = _run(module.main, ["--workspace", str(args.workspace), *flags], name, args.workspace)
-        seconds = time.monotonic() - begun
-        sections += [f"## {TITLES[name]}", "", f"`{command}` ({seconds:.0f} s)", "", *body, ""]
-        write_results(args.out, profile, sections, time.monotonic() - started)  # a later failure keeps these
+        if args.render:
+            body = _rendered(name, args.workspace)
+        else:
+            print(f"\n== {name}: {command}", flush=True)
+            begun = time.monotonic()
+            body = _run(module.main, ["--workspace", str(args.workspace), *flags], name, args.workspace)
+            seconds[name] = time.monotonic() - begun
+            write_json_atomic(timings, seconds)
+        took = f" ({seconds[name]:.0f} s)" if name in seconds else ""
+        sections += [f"## {TITLES[name]}", "", f"`{command}`{took}", "", *body, ""]
+        write_results(args.out, profile, sections, sum(seconds.values()))  # a later failure keeps these
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _rendered(name: str, workspace: Path) -> list[str]:
+    if not (workspace / f"{name}.json").is_file():
+        return ["Not run."]
+    return render(name, workspace)
 
 
 def _run(entry: Callable[[list[str]], int], argv: list[str], name: str, workspace: Path) -> list[str]:
