@@ -4,9 +4,10 @@ same run, alternating, medians and ratios.
     python bench/run_all.py [--quick] [--workspace bench-ws] [--out bench/results.md] [--only NAME ...] [--render]
     make bench            # the same, full profile (make bench-quick: --quick)
 
-The full profile fits in about ten minutes on an idle 2-core machine once the bench workspace holds
-the default pipeline's dataset and condition cache (built on the first run, reused while the code is
-unchanged); ``--quick`` checks the wiring in a fraction of that. A benchmark that fails is reported
+The full profile is sized for ten to fifteen minutes on an idle 2-core machine (an estimate from the
+default pipeline's step times), once the bench workspace holds the default pipeline's dataset and
+condition cache (built on the first run, reused while the code is unchanged); ``--quick`` runs the
+default model on an eighth of its batches, to check the wiring. A benchmark that fails is reported
 in the results with its error, and the others still run. ``--render`` runs nothing and writes the
 results file from the JSON the benchmarks left in the workspace (e.g. ones run one by one).
 """
@@ -49,8 +50,8 @@ PROFILES: dict[str, dict[str, list[str]]] = {
         "condition_cache": ["--steps", "12", "--rounds", "4"],
         "data_throughput": ["--batches", "40", "--steps", "12", "--rounds", "4"],
         "orchestration": ["--smoke", "--repeats", "2"],
-        "dvc_noop": ["--repeats", "3"],
-        "scaling": ["--processes", "1", "2", "--steps", "30"],
+        "dvc_noop": ["--repeats", "2"],
+        "scaling": ["--processes", "1", "2", "--steps", "20"],
     },
     "quick": {
         "core_overhead": ["--sft-steps", "4", "--grpo-iterations", "3", "--rounds", "2", *SMALL],
