@@ -55,6 +55,8 @@ def prepared_repository(root: Path, sets: list[str]) -> Path:
         [*dvc, "init", "-q"],
         [*dvc, "config", "core.analytics", "false"],
         [*flowpost, "dvc", "sync", "--set", "smoke=true", *sets],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "pipeline"],  # dvclive (the trackers) needs a commit to name its baseline
         [*dvc, "repro"],
         [*flowpost, "run", "--smoke", "--workspace", "flow-ws", *sets],
     ):

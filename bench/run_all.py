@@ -73,7 +73,7 @@ MODULES = {
 
 
 def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:.1f} ms"
+    return f"{1000 * seconds:.1f} ms" if seconds >= 1e-3 else f"{1e6 * seconds:.1f} µs"
 
 
 def core_section(result: dict[str, Any]) -> list[str]:
