@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rendered(name: str, workspace: Path) -> list[str]:
     if not (workspace / f"{name}.json").is_file():
-        return ["Not run."]
+        return ["Not finished in this session; the command above runs it."]
     return render(name, workspace)
 
 
