@@ -201,7 +201,7 @@ def write_results(out: Path, profile: str, sections: list[str], seconds: float) 
     header = [
         "# Benchmarks",
         "",
-        f"Profile `{profile}`, {seconds:.0f} s in all; {_machine()}.",
+        f"Profile `{profile}`{f', {seconds:.0f} s in all' if seconds else ''}; {_machine()}.",
         "",
         "Each benchmark measures flowpost and its baseline in the same run, alternating their order round by",
         "round, and reports medians and the ratio. The figures below come from a shared, noisy machine",
