@@ -1,11 +1,12 @@
-# Two entry points: `make demo` (run the default pipeline) and `make test` (run the tests).
+# Entry points: `make demo` (run the default pipeline), `make test` (run the tests), `make bench`
+# (run the benchmarks into bench/results.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORKSPACE ?= workspace
 
-.PHONY: setup demo test test-slow lint
+.PHONY: setup demo test test-slow lint bench bench-quick
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,14 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 DVC_NO_ANALYTICS=1 \
+		$(BIN)/python bench/run_all.py --workspace bench-ws
+
+bench-quick: $(STAMP)
+	PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 DVC_NO_ANALYTICS=1 \
+		$(BIN)/python bench/run_all.py --quick --workspace bench-ws
 
 lint: $(STAMP)
 	$(BIN)/ruff check flowpost tests

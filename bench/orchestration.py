@@ -1,8 +1,10 @@
 """What Prefect costs: a pipeline run as a flow against the same nodes run directly.
 
-    python bench/orchestration.py [--workspace bench-ws] [--sft-steps N] [--grpo-iterations N] [--repeats 1]
+    python bench/orchestration.py [--workspace bench-ws] [--sft-steps N] [--grpo-iterations N] [--repeats 1] [--smoke]
+                                   [--set KEY=VALUE ...]
 
-Runs the default pipeline (its own budgets unless cut as given, 100 eval samples) in fresh
+Runs the default pipeline (its own budgets unless cut as given, or the smoke profile's with
+``--smoke``; 100 eval samples) in fresh
 workspaces, each in its own process, ``--repeats`` times, the order alternating from pair to pair
 (direct then flow, flow then direct: the machine's speed drifts): once node by node
 through the runner without Prefect, once with ``flowpost run`` (a temporary Prefect server, one
@@ -43,9 +45,10 @@ run.publish_report()
 """
 
 
-def overrides(sft_steps: int | None, grpo_iterations: int | None) -> list[str]:
+def overrides(sft_steps: int | None, grpo_iterations: int | None, *, smoke: bool = False) -> list[str]:
     cuts = {"stages.sft.train.max_steps": sft_steps, "stages.grpo.train.iterations": grpo_iterations}
-    return [f"{key}={value}" for key, value in cuts.items() if value is not None] + ["evaluate.samples=100"]
+    sets = [f"{key}={value}" for key, value in cuts.items() if value is not None] + ["evaluate.samples=100"]
+    return [*sets, "smoke=true"] if smoke else sets
 
 
 def timed(command: list[str], log: Path) -> tuple[float, TreeSampler]:
@@ -105,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-steps", type=int, help="default: the pipeline's")
     parser.add_argument("--grpo-iterations", type=int, help="default: the pipeline's")
     parser.add_argument("--repeats", type=int, default=1, help="direct/flow pairs, interleaved (machine drift)")
+    parser.add_argument("--smoke", action="store_true", help="the smoke profile: a few steps per stage")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override (dotted)")
     args = parser.parse_args(argv)
     root = args.workspace / "orchestration"
-    sets = overrides(args.sft_steps, args.grpo_iterations)
+    sets = overrides(args.sft_steps, args.grpo_iterations, smoke=args.smoke) + args.overrides
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "flow": []}
     for repeat in range(args.repeats):
         for mode in ("direct", "flow") if repeat % 2 == 0 else ("flow", "direct"):

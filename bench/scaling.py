@@ -1,7 +1,7 @@
 """Data-parallel scaling on this machine: 1 -> N processes, throughput and gradient-sync cost.
 
     python bench/scaling.py [--workspace bench-ws] [--processes 1 2] [--steps 40] [--trainers sft grpo]
-                            [--backends ddp fsdp2 deepspeed-zero2]
+                            [--backends ddp fsdp2 deepspeed-zero2] [--set KEY=VALUE ...]
 
 Runs the default pipeline's stages (real model size and batch sizes) from scratch for a fixed
 budget at each process count (global batch unchanged, split across ranks; gloo on CPU) and reads
@@ -27,9 +27,12 @@ from flowpost.tasks.runner import PipelineRun
 from flowpost.tasks.train import run_training, stage_spec
 
 
-def scaled_pipeline(trainer_budget: dict[str, int], processes: int, backend: str = "ddp") -> Any:
-    """The default pipeline with each benchmarked stage from scratch, on ``processes`` ranks, no side work."""
-    data = pipeline_to_dict(load_pipeline(None))
+def scaled_pipeline(
+    trainer_budget: dict[str, int], processes: int, backend: str = "ddp", overrides: list[str] | None = None
+) -> Any:
+    """The default pipeline (with dotted ``overrides``) with each benchmarked stage from scratch, on
+    ``processes`` ranks, no side work."""
+    data = pipeline_to_dict(load_pipeline(None, overrides))
     for name, budget in trainer_budget.items():
         stage = data["stages"][name]
         stage["model"] = {**stage["model"], "init": "scratch"}
@@ -40,9 +43,11 @@ def scaled_pipeline(trainer_budget: dict[str, int], processes: int, backend: str
     return validate_pipeline(data, source="scaling bench pipeline")
 
 
-def measure(workspace: Path, name: str, budget: int, processes: int, backend: str) -> dict[str, Any]:
+def measure(
+    workspace: Path, name: str, budget: int, processes: int, backend: str, overrides: list[str] | None = None
+) -> dict[str, Any]:
     """Run one stage and summarise its step events."""
-    pipeline = scaled_pipeline({name: budget}, processes, backend)
+    pipeline = scaled_pipeline({name: budget}, processes, backend, overrides)
     run = PipelineRun(pipeline, workspace)
     for node in ("acquire.digits", "conditions.minilm"):
         run.execute(node)
@@ -85,12 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="SFT optimizer steps (GRPO: a tenth, at least 3)")
     parser.add_argument("--trainers", nargs="+", default=["sft", "grpo"], choices=["sft", "grpo"])
     parser.add_argument("--backends", nargs="+", default=["ddp"], choices=["ddp", "fsdp2", "deepspeed-zero2"])
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override (dotted)")
     args = parser.parse_args(argv)
     budgets = {"sft": args.steps, "grpo": max(3, args.steps // 10)}
     runs = [(n, backend) for n in args.processes for backend in (args.backends if n > 1 else ["ddp"])]
     results: dict[str, list[dict[str, Any]]] = {}
     for name in args.trainers:
-        results[name] = [measure(args.workspace, name, budgets[name], n, backend) for n, backend in runs]
+        results[name] = [
+            measure(args.workspace, name, budgets[name], n, backend, args.overrides) for n, backend in runs
+        ]
         base = results[name][0]["samples_per_second"]
         print(f"\n{name}: {budgets[name]} {'steps' if name == 'sft' else 'iterations'}")
         print("processes  backend          samples/s  speedup  s/unit  grad sync s/step")

@@ -128,6 +128,11 @@ class RemoteReward:
             )
         return token
 
+    def _redacted(self, text: str) -> str:
+        """``text`` from the server with the bearer token masked: a server may echo the request's headers."""
+        token = os.environ.get(self.token_env) if self.token_env else None
+        return text.replace(token, "[token]") if token else text
+
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
         batch = media.shape[0]
         if batch == 0:
@@ -183,7 +188,8 @@ class RemoteReward:
                 )
             if response.is_success:
                 return response.content
-            status = f"HTTP {response.status_code} {response.reason_phrase}: {_error_detail(response.content)}"
+            detail = self._redacted(_error_detail(response.content))
+            status = f"HTTP {response.status_code} {response.reason_phrase}: {detail}"
             if response.status_code < 500:
                 raise FlowpostError(f"reward server answered {status}", where=self.where)
             last_error = status
@@ -205,13 +211,14 @@ class RemoteReward:
         try:
             return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
-            excerpt = raw[:200].decode("utf-8", "replace")
+            excerpt = self._redacted(raw[:200].decode("utf-8", "replace"))
             raise FlowpostError(f"reward server answered non-JSON: {excerpt!r}", where=self.where) from None
 
     def _parse(self, raw: bytes, batch: int) -> list[float]:
         answer = self._json(raw)
         if not isinstance(answer, dict) or "scores" not in answer:
-            raise FlowpostError(f'reward server answer has no "scores": {json.dumps(answer)[:200]}', where=self.where)
+            excerpt = self._redacted(json.dumps(answer)[:200])
+            raise FlowpostError(f'reward server answer has no "scores": {excerpt}', where=self.where)
         scores = answer["scores"]
         if not isinstance(scores, list) or len(scores) != batch:
             got = f"{len(scores)} scores" if isinstance(scores, list) else type(scores).__name__
@@ -221,6 +228,8 @@ class RemoteReward:
         for i, score in enumerate(scores):
             if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
                 raise FlowpostError(
-                    f"reward server score {i} is {score!r}; every score must be a finite number", where=self.where
+                    f"reward server score {i} is {self._redacted(repr(score))[:200]}; every score must be a finite "
+                    "number",
+                    where=self.where,
                 )
         return [float(score) for score in scores]
