@@ -52,10 +52,11 @@ LoaderFactory = Callable[..., BatchLoader]
 
 @dataclass
 class StageInputs:
-    """Data of one stage: conditions, demonstrations (as a loader factory), prompts, assets."""
+    """Data of one stage: conditions, demonstrations or preference pairs (as loader factories), prompts, assets."""
 
     conditions: ConditionTable | None = None
     demonstrations: LoaderFactory | None = None
+    preferences: LoaderFactory | None = None
     prompts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     assets_dir: Path | None = None
 

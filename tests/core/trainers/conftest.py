@@ -1,4 +1,4 @@
-"""A tiny on-disk demonstration set, a fake-encoded condition cache, and an SFT trainer factory."""
+"""Tiny on-disk demonstration and preference-pair sets, a fake-encoded condition cache, and a trainer factory."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from flowpost.core.trainers.offline.sft import SFTTrainer
 from flowpost.core.trainers.registry import TRAINERS, arguments_class, trainer_class
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import update_condition_cache
-from flowpost.data.records import Demonstration
+from flowpost.data.records import Demonstration, PreferencePair
 from flowpost.data.shards import write_shards
 from flowpost.data.stage_inputs import load_stage_inputs
 from flowpost.stage import build_callbacks, build_rewards, build_validation
@@ -61,6 +61,32 @@ def write_stage_data(
     return root / "data", root / "conditions"
 
 
+def write_pair_data(root: Path, *, pairs: int) -> tuple[Path, Path]:
+    """``pairs`` random 1x16x16 preference pairs in shards and their prompts' condition cache."""
+    rng = np.random.default_rng(1)
+    records = [
+        PreferencePair(
+            key=f"p{i}",
+            prompt=f"digit {i % 10}",
+            chosen=rng.random((1, 16, 16), dtype=np.float32),
+            rejected=rng.random((1, 16, 16), dtype=np.float32),
+            label=i % 10,
+        )
+        for i in range(pairs)
+    ]
+    manifest = write_shards(records, root / "data" / "train", shard_size=5)
+    write_json_atomic(root / "data" / "train" / "manifest.json", manifest)
+    prompts = ["", *sorted({r.prompt for r in records})]
+    update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=_fake_encode)
+    return root / "data", root / "conditions"
+
+
+@pytest.fixture(scope="session")
+def pair_data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``RECORDS`` preference pairs: batch 4 gives 5 batches per epoch."""
+    return write_pair_data(tmp_path_factory.mktemp("pair-data"), pairs=RECORDS)
+
+
 @pytest.fixture(scope="session")
 def data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_stage_data(tmp_path_factory.mktemp("sft-data"), image_shape=(1, 16, 16), encode=_fake_encode)
@@ -91,7 +117,8 @@ def _registered_name(cls: type) -> str:
 def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, listeners={}, lora_rank=None, **train_args)``.
 
-    ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data.
+    ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data;
+    ``init_from`` is the spec's starting weights (the adapter is still the one given or built here).
 
     ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name.
 
@@ -111,6 +138,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         rewards: list[dict[str, Any]] | None = None,
         adapter: ModelAdapter | None = None,
         dirs: tuple[Path, Path] | None = None,
+        init_from: Path | None = None,
         **args: Any,
     ) -> BaseTrainer:
         dataset_dir, conditions_dir = dirs or data_dirs
@@ -122,10 +150,11 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             dataset_dir=str(dataset_dir),
             conditions_dir=str(conditions_dir),
             encoder_fingerprint=FINGERPRINT,
+            init_from=None if init_from is None else str(init_from),
             resume=resume,
         )
         name = _registered_name(cls)
-        defaults = {"lr": 1e-3, **({"batch_size": 4} if name == "sft" else {})}
+        defaults = {"lr": 1e-3, **({"batch_size": 4} if name in ("sft", "offline-dpo") else {})}
         arguments = arguments_class(name).model_validate({**defaults, **args})
         inputs = load_stage_inputs(spec)
         callback_config = CallbacksConfig.model_validate(callbacks or {})
