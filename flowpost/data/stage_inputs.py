@@ -49,14 +49,27 @@ def load_stage_inputs(spec: StageSpec) -> StageInputs:
                 inputs.preferences = partial(_preference_loader, train_dir, manifest)
             else:
                 inputs.demonstrations = partial(_demonstration_loader, train_dir, manifest)
-            labels = manifest.get("labels") if isinstance(manifest, dict) else None
-            if not isinstance(labels, dict):  # written before manifests listed labels
-                labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
-            inputs.prompts = [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
+            inputs.prompts = _labelled_prompts(train_dir, manifest)
             inputs.assets_dir = dataset_dir / "assets"
     if spec.prompts_dir is not None:
         inputs.prompts = read_prompt_set(Path(spec.prompts_dir))
     return inputs
+
+
+def prompt_pool(dataset_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The (prompt, metadata) pairs a dataset offers for sampling: a prompt set's prompts, or the training
+    prompts of a dataset of images with their labels."""
+    if (dataset_dir / PROMPTS_FILE).is_file():
+        return read_prompt_set(dataset_dir)
+    train_dir = dataset_dir / "train"
+    return _labelled_prompts(train_dir, read_json(train_dir / "manifest.json", what="dataset manifest"))
+
+
+def _labelled_prompts(train_dir: Path, manifest: Any) -> list[tuple[str, dict[str, Any]]]:
+    labels = manifest.get("labels") if isinstance(manifest, dict) else None
+    if not isinstance(labels, dict):  # written before manifests listed labels
+        labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
+    return [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
 
 
 def read_prompt_set(dataset_dir: Path) -> list[tuple[str, dict[str, Any]]]:

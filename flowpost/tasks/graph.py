@@ -47,16 +47,16 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     p = pipeline
     nodes: list[Node] = []
     common = {"seed": p.seed, "smoke": p.smoke}
+    sampled: dict[str, list[Node]] = {}  # stage -> the acquisitions that sample it, placed after its training
     for name, dataset in p.datasets.items():
-        nodes.append(
-            Node(
-                f"acquire.{name}",
-                NodeKind.ACQUIRE,
-                name,
-                (),
-                {**common, **dataset.model_dump(mode="json")},
-            )
+        sample = dataset.sample
+        deps = (
+            ()
+            if sample is None
+            else (f"train.{sample.stage}", f"acquire.{sample.prompts}", f"conditions.{sample.conditions}")
         )
+        node = Node(f"acquire.{name}", NodeKind.ACQUIRE, name, deps, {**common, **dataset.model_dump(mode="json")})
+        (nodes if sample is None else sampled.setdefault(sample.stage, [])).append(node)
     for name, cond in p.conditions.items():
         extra = sorted(
             {
@@ -92,6 +92,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 {**common, **_train_config(stage.model_dump(mode="json"))},
             )
         )
+        nodes += sampled.get(name, [])
     evaluate = p.evaluate.model_dump(mode="json")
     evaluate.pop("after")  # which other stages are evaluated does not change this one's result
     for name in p.evaluate.after:

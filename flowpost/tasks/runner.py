@@ -53,6 +53,7 @@ from flowpost.tasks.promote import (
     read_promoted,
 )
 from flowpost.tasks.report import write_report
+from flowpost.tasks.sample_pairs import sample_pairs
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
 from flowpost.tasks.weights import stage_weights
 
@@ -241,8 +242,23 @@ class NodeCall:
 
 
 def _acquire(call: NodeCall) -> dict[str, Any]:
-    p, key = call.run.pipeline, call.node.key
-    manifest = acquire_dataset(p.datasets[key], call.out, smoke=p.smoke, where=f"datasets.{key}")
+    run, p, key = call.run, call.run.pipeline, call.node.key
+    sample = p.datasets[key].sample
+    if sample is None:
+        manifest = acquire_dataset(p.datasets[key], call.out, smoke=p.smoke, where=f"datasets.{key}")
+    else:
+        cond_dir = run.path(f"conditions.{sample.conditions}")
+        manifest = sample_pairs(
+            sample,
+            dataset=key,
+            stage_dir=run.path(f"train.{sample.stage}"),
+            prompts_dir=run.path(f"acquire.{sample.prompts}"),
+            conditions_dir=cond_dir,
+            encoder_fingerprint=encoder_fingerprint(cond_dir),
+            out_dir=call.out,
+            seed=p.seed,
+            smoke=p.smoke,
+        )
     return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
 
 

@@ -26,9 +26,11 @@ INIT_KEYWORDS = ("scratch", "previous")  # model.init values that are not stage 
 EVAL_METRICS = ("adherence", "reward_mean", "fd")  # what an evaluation's metrics.json can be compared on
 
 
-IMAGE_SOURCES = ("image-folder", "table")  # captioned images the user brings
+IMAGE_SOURCES = ("image-folder", "table", "preference-pairs")  # captioned images (or pairs) the user brings
 IMAGE_ONLY = ("caption_column", "image_column", "preprocess", "split", "max_caption_chars", "max_bad_fraction")
 DIGITS_ONLY = ("image_size", "test_fraction")
+PAIR_COLUMNS = ("chosen_column", "rejected_column")  # preference-pairs only
+SAMPLED_PAIRS = "sampled-pairs"  # preference pairs an acquisition node samples from a trained stage
 
 
 class PreprocessConfig(StrictModel):
@@ -48,16 +50,42 @@ class SplitConfig(StrictModel):
     eval: float = Field(0.0, ge=0, lt=1, description="fraction of the items held out for evaluation")
 
 
-class DatasetConfig(StrictModel):
-    """How to acquire one dataset: the built-in digits, prompts from files, or captioned images (``path``)."""
+class SampledPairsConfig(StrictModel):
+    """How the ``acquire.<dataset>`` node of a ``sampled-pairs`` dataset builds preference pairs: it samples
+    ``candidates`` images per prompt and round from a trained stage, scores them with ``rewards`` (never the
+    evaluation judge) and pairs the best with the worst."""
 
-    source: Literal["builtin-digits", "prompt-files", "image-folder", "table"]
+    stage: str = Field(description="the trained stage whose weights are sampled; the node runs after it")
+    prompts: str = Field(description="the dataset whose training prompts (and labels) are sampled")
+    conditions: str = Field(description="the condition cache that encodes those prompts")
+    rewards: list[RewardConfig] = Field(
+        default_factory=lambda: [RewardConfig(name="digit_adherence")],
+        min_length=1,
+        description="the weighted reward that ranks the candidates",
+    )
+    weights: Literal["ema", "live"] = Field("ema", description="which weights of the stage; ema falls back to live")
+    candidates: int = Field(8, ge=2, description="samples per prompt and round; the best and the worst form a pair")
+    rounds: int = Field(1, ge=1, description="pairs per prompt (each round draws new candidates)")
+    steps: int = Field(20, ge=1, description="ODE steps per sample")
+    guidance: float = Field(1.0, ge=0)
+    min_gap: float = Field(0.0, ge=0, description="a group whose best and worst reward differ by less gives no pair")
+    batch_size: int = Field(256, ge=1, description="samples per generation and scoring batch")
+
+
+class DatasetConfig(StrictModel):
+    """How to acquire one dataset: the built-in digits, prompts from files, captioned images or preference
+    pairs (``path``), or preference pairs sampled from a trained stage (``sample``)."""
+
+    source: Literal["builtin-digits", "prompt-files", "image-folder", "table", "preference-pairs", "sampled-pairs"]
     path: str | None = Field(
         None,
         description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them; image-folder: a folder "
-        "of images; table: a .parquet/.csv/.jsonl file. Relative to the working directory; its contents are a "
-        "source fingerprint",
+        "of images; table: a .parquet/.csv/.jsonl file; preference-pairs: such a table, or a folder with chosen/ "
+        "and rejected/. Relative to the working directory; its contents are a source fingerprint",
     )
+    sample: SampledPairsConfig | None = Field(None, description="sampled-pairs: the stage, prompts and ranking")
+    chosen_column: str = Field("chosen", description="preference-pairs table: the preferred image's field")
+    rejected_column: str = Field("rejected", description="preference-pairs table: the dispreferred image's field")
     image_size: int = Field(16, ge=8, le=64, multiple_of=4)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = 0
@@ -70,14 +98,30 @@ class DatasetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _fields_for_source(self) -> DatasetConfig:
-        if (self.source == "builtin-digits") == (self.path is not None):
-            raise ValueError("'path' is required for sources prompt-files, image-folder and table, and only for them")
+        sampled = self.source == SAMPLED_PAIRS
+        if (self.source in ("builtin-digits", SAMPLED_PAIRS)) == (self.path is not None):
+            raise ValueError(
+                "'path' is required for sources prompt-files, image-folder, table and preference-pairs, "
+                "and only for them"
+            )
+        if sampled != (self.sample is not None):
+            raise ValueError("'sample' is required for source sampled-pairs, and only for it")
         images = self.source in IMAGE_SOURCES
         unused = [n for n in (DIGITS_ONLY if images else IMAGE_ONLY) if n in self.model_fields_set]
         if "image_column" in self.model_fields_set and self.source != "table":
             unused.append("image_column")
+        if self.source != "preference-pairs":
+            unused += [n for n in PAIR_COLUMNS if n in self.model_fields_set]
+        if sampled:
+            unused += [n for n in DIGITS_ONLY if n in self.model_fields_set]
         if unused:
-            hint = "use preprocess.resolution and split.eval" if images else "they apply to image-folder and table"
+            hint = (
+                "use preprocess.resolution and split.eval"
+                if images
+                else "sampled pairs take the stage's resolution"
+                if sampled
+                else "they apply to image-folder, table and preference-pairs"
+            )
             raise ValueError(f"{', '.join(unused)} do not apply to source {self.source!r}; {hint}")
         return self
 
@@ -89,6 +133,14 @@ class DatasetConfig(StrictModel):
             data.pop(name, None)
         if self.source != "table":
             data.pop("image_column", None)
+        if self.source != "preference-pairs":
+            for name in PAIR_COLUMNS:
+                data.pop(name, None)
+        if self.source != SAMPLED_PAIRS:
+            data.pop("sample", None)
+        else:
+            for name in DIGITS_ONLY:
+                data.pop(name, None)
         return data
 
 
@@ -364,6 +416,15 @@ class PipelineConfig(StrictModel):
             for i, ds in enumerate(cond.datasets):
                 if ds not in self.datasets:
                     errors.append((f"conditions.{name}.datasets.{i}", _unknown("dataset", ds, self.datasets)))
+                elif (sample := self.datasets[ds].sample) is not None:
+                    errors.append(
+                        (
+                            f"conditions.{name}.datasets.{i}",
+                            f"dataset {ds!r} is sampled from stage {sample.stage!r} on the prompts of "
+                            f"{sample.prompts!r}; list {sample.prompts!r} instead",
+                        )
+                    )
+        errors += self._sampled_pairs_problems()
         earlier: list[str] = []
         for name, stage in self.stages.items():
             if name in INIT_KEYWORDS:
@@ -407,6 +468,33 @@ class PipelineConfig(StrictModel):
             raise ValueError("\n  ".join(f"{path}: {msg}" for path, msg in errors))
         return self
 
+    def _sampled_pairs_problems(self) -> list[tuple[str, str]]:
+        """A sampled-pairs dataset's stage, prompt dataset and condition cache must exist, and the cache
+        must encode those prompts."""
+        errors = []
+        for name, dataset in self.datasets.items():
+            sample, where = dataset.sample, f"datasets.{name}.sample"
+            if sample is None:
+                continue
+            if sample.stage not in self.stages:
+                errors.append((f"{where}.stage", _unknown("stage", sample.stage, self.stages)))
+            prompts = self.datasets.get(sample.prompts)
+            if prompts is None or prompts.sample is not None:
+                sources = [n for n, d in self.datasets.items() if d.sample is None]
+                errors.append((f"{where}.prompts", _unknown("dataset of prompts", sample.prompts, sources)))
+            cache = self.conditions.get(sample.conditions)
+            if cache is None:
+                errors.append((f"{where}.conditions", _unknown("conditions", sample.conditions, self.conditions)))
+            elif prompts is not None and sample.prompts not in cache.datasets:
+                errors.append(
+                    (
+                        f"{where}.conditions",
+                        f"cache {sample.conditions!r} does not encode dataset {sample.prompts!r}; "
+                        f"add it to conditions.{sample.conditions}.datasets",
+                    )
+                )
+        return errors
+
     def _data_problems(self, name: str, data: DataRef) -> list[tuple[str, str]]:
         """Unknown datasets or caches, a prompt set that is not prompt files, a dataset its cache lacks."""
         errors = []
@@ -424,6 +512,10 @@ class PipelineConfig(StrictModel):
                 continue
             if key == "prompts" and self.datasets[dataset].source != "prompt-files":
                 errors.append((where, f"dataset {dataset!r} is not a 'prompt-files' source"))
+            sample = self.datasets[dataset].sample
+            if sample is not None and sample.stage in self.stages and not _before(self.stages, sample.stage, name):
+                errors.append((where, f"dataset {dataset!r} samples stage {sample.stage!r}, which must come earlier"))
+            dataset = sample.prompts if sample is not None else dataset  # sampled pairs reuse their prompts' conditions
             if cache is not None and dataset not in cache.datasets:
                 errors.append(
                     (
@@ -433,6 +525,12 @@ class PipelineConfig(StrictModel):
                     )
                 )
         return errors
+
+
+def _before(stages: dict[str, StageConfig], first: str, second: str) -> bool:
+    """Whether stage ``first`` is defined before stage ``second``."""
+    order = list(stages)
+    return order.index(first) < order.index(second)
 
 
 def _init_problems(name: str, model: ModelConfig, earlier: list[str], *, gated: bool) -> list[tuple[str, str]]:

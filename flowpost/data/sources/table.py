@@ -33,7 +33,7 @@ def table_rows(table: Path, *, image_column: str, where: str) -> list[PromptRow]
 def table_fingerprint(table: Path, *, image_column: str, where: str) -> str:
     """Changes when the table or an image file it names does."""
     rows = table_rows(table, image_column=image_column, where=where)
-    images = sorted({_image(table, row.fields[image_column]) for row in rows} - {None}, key=str)
+    images = sorted({image_path(table, row.fields[image_column]) for row in rows} - {None}, key=str)
     return files_fingerprint(table.parent, [table, *(table.parent / p for p in images)])
 
 
@@ -42,20 +42,20 @@ def table_items(table: Path, *, caption_column: str | None, image_column: str, w
     for number, row in enumerate(table_rows(table, image_column=image_column, where=where), start=1):
         column, caption = caption_field(row.fields, caption_column)
         extra = {k: v for k, v in row.fields.items() if k not in (image_column, column)}
-        image = _source(table, row.fields[image_column])
+        image = image_source(table, row.fields[image_column])
         yield SourceItem(f"row-{number}", row.where, image, caption, json_metadata(extra))
 
 
-def _source(table: Path, value: Any) -> Path | bytes:
+def image_source(table: Path, value: Any) -> Path | bytes:
     """The image file a cell names, or the bytes it holds (empty, so unreadable, for anything else)."""
-    path = _image(table, value)
+    path = image_path(table, value)
     if path is not None:
         return table.parent / path
     data = value.get("bytes") if isinstance(value, dict) else value
     return data if isinstance(data, bytes) else b""
 
 
-def _image(table: Path, value: Any) -> str | None:
+def image_path(table: Path, value: Any) -> str | None:
     """The relative path an image cell names (a string, or a struct without bytes), else None."""
     if isinstance(value, dict) and not value.get("bytes"):
         value = value.get("path")
