@@ -35,7 +35,7 @@ def _npy(array: np.ndarray) -> bytes:
 def _encode(record: Record) -> dict[str, Any]:
     meta = {"prompt": record.prompt, "label": record.label, "metadata": record.metadata}
     arrays = (
-        {"chosen.npy": _npy(record.chosen), "rejected.npy": _npy(record.rejected)}
+        {f"{arm}.npy": _npy(getattr(record, arm)) for arm in PAIR_ARMS}
         if isinstance(record, PreferencePair)
         else {"npy": _npy(record.image)}
     )
@@ -115,8 +115,8 @@ def _read_tar(path: Path) -> Iterator[Record]:
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise FlowpostError(f"shard is not a readable tar archive ({exc}); {RERUN}", where=str(path)) from None
     for key, parts in samples.items():
-        pair = "chosen.npy" in parts or "rejected.npy" in parts
-        arrays = ("chosen.npy", "rejected.npy") if pair else ("npy",)
+        pair_members = tuple(f"{arm}.npy" for arm in PAIR_ARMS)
+        arrays = pair_members if any(member in parts for member in pair_members) else ("npy",)
         if any(member not in parts for member in (*arrays, "json")):
             members = " and ".join(arrays)
             raise FlowpostError(f"sample {key!r} lacks its {members} or json member; {RERUN}", where=str(path))

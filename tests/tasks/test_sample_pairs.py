@@ -1,4 +1,4 @@
-"""The sampled-pairs acquisition: ranked best/worst pairs, bit-identical reruns, its place in the graph, config errors."""
+"""The sampled-pairs acquisition: best/worst pairs, bit-identical reruns, its place in the graph, config errors."""
 
 from __future__ import annotations
 
