@@ -46,6 +46,7 @@ def sample_pairs(
 ) -> dict[str, Any]:
     """Write ``train/`` shards of the pairs and ``manifest.json``; return the manifest. ``smoke`` runs one round."""
     where = f"datasets.{dataset}.sample"
+    rewards = _rewards(config.rewards, assets_dir=prompts_dir / "assets", where=f"{where}.rewards")  # fail early
     weights_dir, weights = stage_weights(stage_dir, config.weights)
     adapter = load_adapter(weights_dir)
     rounds = 1 if smoke else config.rounds
@@ -69,7 +70,6 @@ def sample_pairs(
         guidance=config.guidance,
         batch_size=config.batch_size,
     )
-    rewards = _rewards(config.rewards, assets_dir=prompts_dir / "assets", where=f"{where}.rewards")
     scores = _scores(rewards, images, prompts, metadata, batch_size=config.batch_size)
     group_ids = torch.arange(len(groups)).repeat_interleave(config.candidates)
     chosen, rejected, valid = group_pairs(scores, group_ids)
