@@ -1,5 +1,5 @@
-"""Captioned-media sources (``image-folder``, ``table``, ``webdataset``, ``hf-dataset``, ``video-folder``)
-as train and held-out demonstrations."""
+"""Captioned-media sources (``image-folder``, ``table``, ``webdataset``, ``hf-dataset``, ``video-folder``,
+``preference-pairs``) as train and held-out demonstrations or preference pairs."""
 
 from __future__ import annotations
 
@@ -14,26 +14,30 @@ from flowpost.core.config.schema import DatasetConfig
 from flowpost.data.bad_items import BadItems
 from flowpost.data.clips import training_clip
 from flowpost.data.preprocess import training_image
-from flowpost.data.records import Demonstration
+from flowpost.data.records import Demonstration, PreferencePair
 from flowpost.data.sources.hf_dataset import hf_items, hub_fingerprint, saved_fingerprint
 from flowpost.data.sources.image_folder import folder_fingerprint, folder_items
 from flowpost.data.sources.items import BadItem, SourceItem, caption_text
+from flowpost.data.sources.preference_pairs import PairItem, pair_items, pairs_fingerprint
 from flowpost.data.sources.table import table_fingerprint, table_items
 from flowpost.data.sources.video_folder import video_items
 from flowpost.data.sources.web_shards import shard_dependencies, shard_items, shard_urls, shards_fingerprint
 from flowpost.data.splits import held_out
 from flowpost.errors import FlowpostError
 
+PAIRS = "preference-pairs"
+Record = Demonstration | PreferencePair
+
 
 @dataclass
 class CaptionedSplit:
-    """The demonstrations of each split and the items skipped as bad."""
+    """The demonstrations (or, for ``preference-pairs``, the pairs) of each split and the items skipped as bad."""
 
-    train: list[Demonstration]
-    eval: list[Demonstration]
+    train: list[Record]
+    eval: list[Record]
     bad: BadItems
 
-    def splits(self) -> dict[str, list[Demonstration]]:
+    def splits(self) -> dict[str, list[Record]]:
         return {"train": self.train, "eval": self.eval}
 
 
@@ -46,6 +50,9 @@ def source_fingerprint(config: DatasetConfig, *, where: str) -> str:
         return hub_fingerprint(config.hub, where=f"{where}.hub")
     assert config.path is not None
     path, at = Path(config.path), f"{where}.path"
+    if config.source == PAIRS:
+        columns = {"chosen_column": config.chosen_column, "rejected_column": config.rejected_column}
+        return pairs_fingerprint(path, **columns, where=at)
     if config.source == "table":
         return table_fingerprint(path, image_column=config.image_column, where=at)
     if config.source == "hf-dataset":
@@ -70,7 +77,7 @@ def source_dependencies(config: DatasetConfig, *, where: str) -> list[str]:
     return [config.path] if config.path is not None else []
 
 
-def source_items(config: DatasetConfig, *, where: str) -> Iterator[SourceItem]:
+def source_items(config: DatasetConfig, *, where: str) -> Iterator[SourceItem | PairItem]:
     captions = config.caption_column
     if config.source == "webdataset":
         assert config.shards is not None
@@ -83,6 +90,9 @@ def source_items(config: DatasetConfig, *, where: str) -> Iterator[SourceItem]:
         return hf_items(path=path, hub=config.hub, **columns, where=where)
     assert config.path is not None
     path, at = Path(config.path), f"{where}.path"
+    if config.source == PAIRS:
+        columns = {"chosen_column": config.chosen_column, "rejected_column": config.rejected_column}
+        return pair_items(path, caption_column=captions, **columns, where=at)
     if config.source == "table":
         return table_items(path, caption_column=captions, image_column=config.image_column, where=at)
     if config.source == "video-folder":
@@ -91,12 +101,12 @@ def source_items(config: DatasetConfig, *, where: str) -> Iterator[SourceItem]:
 
 
 def captioned_split(config: DatasetConfig, *, where: str) -> CaptionedSplit:
-    """Every good item as a demonstration in its split; a FlowpostError past ``max_bad_fraction``."""
+    """Every good item as a demonstration (or pair) in its split; a FlowpostError past ``max_bad_fraction``."""
     split = CaptionedSplit([], [], BadItems())
     for item in source_items(config, where=where):
         split.bad.seen += 1
         try:
-            record = _demonstration(item, config)
+            record = _preference_pair(item, config) if isinstance(item, PairItem) else _demonstration(item, config)
         except BadItem as bad:
             split.bad.add(bad.kind, item.where, str(bad))
             continue
@@ -122,3 +132,16 @@ def _media(item: SourceItem, config: DatasetConfig) -> np.ndarray:
         assert isinstance(item.image, Path)
         return training_clip(item.image, config.frames, config.preprocess, name=item.name)
     return training_image(item.image, config.preprocess, name=item.name)
+
+
+def _preference_pair(item: PairItem, config: DatasetConfig) -> PreferencePair:
+    """Both images preprocessed alike (a random crop takes the same offset for both); a bad arm is named."""
+    prompt = caption_text(item.caption, max_chars=config.max_caption_chars)
+    images = {}
+    for arm, source in (("chosen", item.chosen), ("rejected", item.rejected)):
+        try:
+            images[arm] = training_image(source, config.preprocess, name=item.name)
+        except BadItem as bad:
+            raise BadItem(bad.kind, f"{arm} image: {bad}") from None
+    key = "pair-" + hashlib.sha256(item.name.encode()).hexdigest()[:16]
+    return PreferencePair(key=key, prompt=prompt, metadata=item.metadata, **images)

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import Dataset
 
-from flowpost.data.records import Demonstration
+from flowpost.data.records import Demonstration, PreferencePair
 
 
 class MapDataset(Protocol):
@@ -35,6 +35,27 @@ class DemonstrationDataset(Dataset):
         record = self.records[index]
         return {
             "image": torch.from_numpy(record.image).to(torch.float32),
+            "prompt": record.prompt,
+            "label": -1 if record.label is None else int(record.label),
+            "index": index,
+        }
+
+
+class PreferencePairDataset(Dataset):
+    """Preference pairs as dicts of ``chosen`` and ``rejected`` (float32 [C, H, W]), ``prompt``, ``label``,
+    ``index``; a record without a label gets ``label`` -1."""
+
+    def __init__(self, records: list[PreferencePair]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        record = self.records[index]
+        return {
+            "chosen": torch.from_numpy(record.chosen).to(torch.float32),
+            "rejected": torch.from_numpy(record.rejected).to(torch.float32),
             "prompt": record.prompt,
             "label": -1 if record.label is None else int(record.label),
             "index": index,
@@ -78,13 +99,17 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack images, labels and indices; keep prompts as a list."""
-    return {
-        "image": torch.stack([item["image"] for item in items]),
-        "prompt": [item["prompt"] for item in items],
-        "label": torch.tensor([item["label"] for item in items], dtype=torch.long),
-        "index": torch.tensor([item["index"] for item in items], dtype=torch.long),
-    }
+    """Stack tensors (images), make integers (labels, indices) a long tensor; keep strings (prompts) as a list."""
+    batch: dict[str, Any] = {}
+    for key, first in items[0].items():
+        values = [item[key] for item in items]
+        if isinstance(first, torch.Tensor):
+            batch[key] = torch.stack(values)
+        elif isinstance(first, int):
+            batch[key] = torch.tensor(values, dtype=torch.long)
+        else:
+            batch[key] = values
+    return batch
 
 
 class FiniteLoader:

@@ -30,10 +30,43 @@ class Demonstration:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.key or "." in self.key:
-            raise ValueError(f"record key {self.key!r} must be non-empty and contain no dots")
-        if self.image.dtype != np.float32 or self.image.ndim not in (3, 4):
+        _check_key(self.key)
+        _check_image(self.key, "image", self.image)
+
+
+@dataclass(frozen=True, eq=False)
+class PreferencePair:
+    """A prompt, a preferred (``chosen``) and a dispreferred (``rejected``) image of the same shape.
+
+    Images are float32 [C, H, W] in [0, 1]. Compared by identity: the images are arrays.
+    """
+
+    key: str
+    prompt: str
+    chosen: np.ndarray
+    rejected: np.ndarray
+    label: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_key(self.key)
+        _check_image(self.key, "chosen", self.chosen)
+        _check_image(self.key, "rejected", self.rejected)
+        if self.chosen.shape != self.rejected.shape:
             raise ValueError(
-                f"record {self.key!r}: image must be float32 [C, H, W] (a clip: [C, T, H, W]), "
-                f"got {self.image.dtype} with shape {tuple(self.image.shape)}"
+                f"record {self.key!r}: chosen {tuple(self.chosen.shape)} and rejected "
+                f"{tuple(self.rejected.shape)} differ in shape"
             )
+
+
+def _check_key(key: str) -> None:
+    if not key or "." in key:
+        raise ValueError(f"record key {key!r} must be non-empty and contain no dots")
+
+
+def _check_image(key: str, name: str, image: np.ndarray) -> None:
+    if image.dtype != np.float32 or image.ndim not in (3, 4):
+        raise ValueError(
+            f"record {key!r}: {name} must be float32 [C, H, W] (a clip: [C, T, H, W]), "
+            f"got {image.dtype} with shape {tuple(image.shape)}"
+        )

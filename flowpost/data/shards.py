@@ -1,4 +1,8 @@
-"""Webdataset shards of demonstrations plus a manifest with counts and hashes."""
+"""Webdataset shards of demonstrations or preference pairs plus a manifest with counts and hashes.
+
+A demonstration is ``KEY.npy`` (its image) and ``KEY.json``; a preference pair is ``KEY.chosen.npy``,
+``KEY.rejected.npy`` and ``KEY.json``, and its shards' manifest says ``"record": "preference-pair"``.
+"""
 
 from __future__ import annotations
 
@@ -13,21 +17,34 @@ import numpy as np
 from webdataset import TarWriter
 
 from flowpost.core.io import atomic_file, sha256_file
-from flowpost.data.records import Demonstration
+from flowpost.data.records import Demonstration, PreferencePair
 from flowpost.errors import FlowpostError
 
 RERUN = "re-run acquisition"
+PAIR_ARMS = ("chosen", "rejected")
+PAIR_RECORD = "preference-pair"  # the manifest's "record" for shards of preference pairs
+Record = Demonstration | PreferencePair
 
 
-def _encode(record: Demonstration) -> dict[str, Any]:
+def _npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    np.save(buffer, record.image, allow_pickle=False)
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _encode(record: Record) -> dict[str, Any]:
     meta = {"prompt": record.prompt, "label": record.label, "metadata": record.metadata}
-    return {
-        "__key__": record.key,
-        "npy": buffer.getvalue(),
-        "json": json.dumps(meta, sort_keys=True).encode("utf-8"),
-    }
+    arrays = (
+        {f"{arm}.npy": _npy(getattr(record, arm)) for arm in PAIR_ARMS}
+        if isinstance(record, PreferencePair)
+        else {"npy": _npy(record.image)}
+    )
+    return {"__key__": record.key, **arrays, "json": json.dumps(meta, sort_keys=True).encode("utf-8")}
+
+
+def is_pair_manifest(manifest: Any) -> bool:
+    """Whether a shard manifest lists preference pairs (else demonstrations)."""
+    return isinstance(manifest, dict) and manifest.get("record") == PAIR_RECORD
 
 
 def _write_tar(path: Path, samples: list[dict[str, Any]]) -> None:
@@ -39,9 +56,10 @@ def _write_tar(path: Path, samples: list[dict[str, Any]]) -> None:
 
 
 def write_shards(
-    records: Iterable[Demonstration], out_dir: Path, *, shard_size: int = 2000, name: str = "shard"
+    records: Iterable[Record], out_dir: Path, *, shard_size: int = 2000, name: str = "shard"
 ) -> dict[str, Any]:
-    """Write ``records`` as ``{name}-000000.tar``, ... under ``out_dir`` and return the manifest."""
+    """Write ``records`` (all demonstrations or all preference pairs) as ``{name}-000000.tar``, ...
+    under ``out_dir`` and return the manifest."""
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     out_dir = Path(out_dir)
@@ -50,6 +68,7 @@ def write_shards(
     labels: dict[str, Any] = {}
     image_shape: list[int] | None = None
     pending: list[dict[str, Any]] = []
+    kinds: set[type] = set()
 
     def flush() -> None:
         path = out_dir / f"{name}-{len(shards):06d}.tar"
@@ -58,7 +77,10 @@ def write_shards(
         pending.clear()
 
     for record in records:
-        shape = list(record.image.shape)
+        kinds.add(type(record))
+        if len(kinds) > 1:
+            raise ValueError(f"record {record.key!r}: one shard set holds demonstrations or pairs, not both")
+        shape = list((record.chosen if isinstance(record, PreferencePair) else record.image).shape)
         if image_shape is None:
             image_shape = shape
         elif shape != image_shape:
@@ -75,10 +97,11 @@ def write_shards(
         "prompts": sorted(labels),
         "labels": {prompt: labels[prompt] for prompt in sorted(labels)},  # the prompt pool, without the images
         "image_shape": image_shape,
+        **({"record": PAIR_RECORD} if PreferencePair in kinds else {}),
     }
 
 
-def _read_tar(path: Path) -> Iterator[Demonstration]:
+def _read_tar(path: Path) -> Iterator[Record]:
     samples: dict[str, dict[str, bytes]] = {}
     try:
         with tarfile.open(path, "r") as tar:
@@ -92,25 +115,25 @@ def _read_tar(path: Path) -> Iterator[Demonstration]:
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise FlowpostError(f"shard is not a readable tar archive ({exc}); {RERUN}", where=str(path)) from None
     for key, parts in samples.items():
-        if "npy" not in parts or "json" not in parts:
-            raise FlowpostError(f"sample {key!r} lacks its npy or json member; {RERUN}", where=str(path))
+        pair_members = tuple(f"{arm}.npy" for arm in PAIR_ARMS)
+        arrays = pair_members if any(member in parts for member in pair_members) else ("npy",)
+        if any(member not in parts for member in (*arrays, "json")):
+            members = " and ".join(arrays)
+            raise FlowpostError(f"sample {key!r} lacks its {members} or json member; {RERUN}", where=str(path))
         yield _decode(key, parts, path)
 
 
-def _decode(key: str, parts: dict[str, bytes], path: Path) -> Demonstration:
+def _decode(key: str, parts: dict[str, bytes], path: Path) -> Record:
     """One sample from its members; a malformed member raises naming the shard and the sample."""
     try:
         meta = json.loads(parts["json"])
         if not isinstance(meta, dict):
             raise ValueError("metadata is not a JSON object")
-        image = np.load(io.BytesIO(parts["npy"]), allow_pickle=False)
-        return Demonstration(
-            key=key,
-            prompt=meta["prompt"],
-            image=image,
-            label=meta["label"],
-            metadata=meta["metadata"],
-        )
+        fields = {"key": key, "prompt": meta["prompt"], "label": meta["label"], "metadata": meta["metadata"]}
+        if "npy" not in parts:
+            chosen, rejected = (np.load(io.BytesIO(parts[f"{arm}.npy"]), allow_pickle=False) for arm in PAIR_ARMS)
+            return PreferencePair(chosen=chosen, rejected=rejected, **fields)
+        return Demonstration(image=np.load(io.BytesIO(parts["npy"]), allow_pickle=False), **fields)
     except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:  # JSONDecodeError is a ValueError
         raise FlowpostError(
             f"sample {key!r} is malformed ({type(exc).__name__}: {exc}); {RERUN}", where=str(path)
@@ -134,14 +157,32 @@ def _manifest_shards(out_dir: Path, manifest: Any) -> list[tuple[str, str]]:
 
 
 def read_shards(out_dir: Path, manifest: dict[str, Any]) -> list[Demonstration]:
-    """Read every record back in write order, after checking each shard's hash."""
+    """Read every demonstration back in write order, after checking each shard's hash."""
+    return _read_records(out_dir, manifest, Demonstration)
+
+
+def read_pair_shards(out_dir: Path, manifest: dict[str, Any]) -> list[PreferencePair]:
+    """Read every preference pair back in write order, after checking each shard's hash."""
+    return _read_records(out_dir, manifest, PreferencePair)
+
+
+def _read_records(out_dir: Path, manifest: dict[str, Any], kind: type[Any]) -> list[Any]:
+    """The records of ``kind`` the shards hold; shards of the other kind raise naming the folder."""
     out_dir = Path(out_dir)
-    records: list[Demonstration] = []
+    records: list[Any] = []
     for file, digest in _manifest_shards(out_dir, manifest):
         path = out_dir / file
         if not path.is_file():
             raise FlowpostError(f"shard is missing; {RERUN}", where=str(path))
         if sha256_file(path) != digest:
             raise FlowpostError(f"shard content does not match its manifest hash; {RERUN}", where=str(path))
-        records.extend(_read_tar(path))
+        for record in _read_tar(path):
+            if not isinstance(record, kind):
+                wanted = "preference pairs" if kind is PreferencePair else "demonstrations"
+                raise FlowpostError(
+                    f"sample {record.key!r} is not one of the {wanted} this reader expects; point the stage at a "
+                    "dataset of that kind",
+                    where=str(path),
+                )
+            records.append(record)
     return records

@@ -11,8 +11,8 @@ from flowpost.core.io import read_json, sha256_file
 from flowpost.core.trainers.inputs import ConditionTable, StageInputs
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import load_condition_table
-from flowpost.data.loaders import DemonstrationDataset, FiniteLoader
-from flowpost.data.shards import read_shards
+from flowpost.data.loaders import DemonstrationDataset, FiniteLoader, PreferencePairDataset
+from flowpost.data.shards import is_pair_manifest, read_pair_shards, read_shards
 from flowpost.errors import FlowpostError
 
 PROMPTS_FILE = "prompts.jsonl"  # what a prompt-files acquisition writes
@@ -28,8 +28,13 @@ def _demonstration_loader(train_dir: Path, manifest: dict[str, Any], **layout: A
     return FiniteLoader(DemonstrationDataset(read_shards(train_dir, manifest)), **layout)
 
 
+def _preference_loader(train_dir: Path, manifest: dict[str, Any], **layout: Any) -> FiniteLoader:
+    """The finite loader over the dataset's preference pairs, read (and hash-checked) when a trainer asks."""
+    return FiniteLoader(PreferencePairDataset(read_pair_shards(train_dir, manifest)), **layout)
+
+
 def load_stage_inputs(spec: StageSpec) -> StageInputs:
-    """Conditions, the training demonstrations, the prompt pool and assets named by ``spec``."""
+    """Conditions, the training demonstrations or preference pairs, the prompt pool and assets named by ``spec``."""
     inputs = StageInputs()
     if spec.conditions_dir is not None:
         inputs.conditions = condition_table(spec.conditions_dir, spec.encoder_fingerprint or "")
@@ -40,11 +45,11 @@ def load_stage_inputs(spec: StageSpec) -> StageInputs:
             inputs.prompts = read_prompt_set(dataset_dir)
         else:
             manifest = read_json(train_dir / "manifest.json", what="dataset manifest")
-            inputs.demonstrations = partial(_demonstration_loader, train_dir, manifest)
-            labels = manifest.get("labels") if isinstance(manifest, dict) else None
-            if not isinstance(labels, dict):  # written before manifests listed labels
-                labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
-            inputs.prompts = [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
+            if is_pair_manifest(manifest):
+                inputs.preferences = partial(_preference_loader, train_dir, manifest)
+            else:
+                inputs.demonstrations = partial(_demonstration_loader, train_dir, manifest)
+            inputs.prompts = _labelled_prompts(train_dir, manifest)
             inputs.assets_dir = dataset_dir / "assets"
             trajectory = manifest.get("trajectory") if isinstance(manifest, dict) else None
             if isinstance(trajectory, dict):
@@ -52,6 +57,22 @@ def load_stage_inputs(spec: StageSpec) -> StageInputs:
     if spec.prompts_dir is not None:
         inputs.prompts = read_prompt_set(Path(spec.prompts_dir))
     return inputs
+
+
+def prompt_pool(dataset_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The (prompt, metadata) pairs a dataset offers for sampling: a prompt set's prompts, or the training
+    prompts of a dataset of images with their labels."""
+    if (dataset_dir / PROMPTS_FILE).is_file():
+        return read_prompt_set(dataset_dir)
+    train_dir = dataset_dir / "train"
+    return _labelled_prompts(train_dir, read_json(train_dir / "manifest.json", what="dataset manifest"))
+
+
+def _labelled_prompts(train_dir: Path, manifest: Any) -> list[tuple[str, dict[str, Any]]]:
+    labels = manifest.get("labels") if isinstance(manifest, dict) else None
+    if not isinstance(labels, dict):  # written before manifests listed labels
+        labels = {record.prompt: record.label for record in read_shards(train_dir, manifest)}
+    return [(prompt, {"label": labels[prompt]}) for prompt in sorted(labels)]
 
 
 def read_prompt_set(dataset_dir: Path) -> list[tuple[str, dict[str, Any]]]:

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.config.schema import DatasetConfig, PipelineConfig
 from flowpost.core.io import sha256_json
 
 
@@ -48,14 +48,12 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     nodes: list[Node] = []
     common = {"seed": p.seed, "smoke": p.smoke}
     for name, dataset in p.datasets.items():
-        sampled = dataset.trajectories
-        deps = () if sampled is None else (f"train.{sampled.stage}", f"conditions.{sampled.conditions}")
         nodes.append(
             Node(
                 f"acquire.{name}",
                 NodeKind.ACQUIRE,
                 name,
-                deps,
+                _sampling_deps(dataset),
                 {**common, **dataset.model_dump(mode="json")},
             )
         )
@@ -134,6 +132,16 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     report_deps = tuple(node.id for node in nodes if node.kind in (NodeKind.EVAL, NodeKind.EXPORT, NodeKind.PROMOTE))
     nodes.append(Node("report", NodeKind.REPORT, "report", report_deps, {**common, "name": p.name}))
     return _dependencies_first(nodes)
+
+
+def _sampling_deps(dataset: DatasetConfig) -> tuple[str, ...]:
+    """What a dataset sampled from a finished stage (teacher trajectories, preference pairs) reads."""
+    if dataset.trajectories is not None:
+        return (f"train.{dataset.trajectories.stage}", f"conditions.{dataset.trajectories.conditions}")
+    if dataset.sample is not None:
+        sample = dataset.sample
+        return (f"train.{sample.stage}", f"acquire.{sample.prompts}", f"conditions.{sample.conditions}")
+    return ()
 
 
 def _dependencies_first(nodes: list[Node]) -> list[Node]:

@@ -53,6 +53,7 @@ from flowpost.tasks.promote import (
     read_promoted,
 )
 from flowpost.tasks.report import write_report
+from flowpost.tasks.sample_pairs import sample_pairs
 from flowpost.tasks.train import EventHandler, run_training, stage_spec
 from flowpost.tasks.trajectories import acquire_trajectories
 from flowpost.tasks.weights import stage_weights
@@ -244,9 +245,23 @@ class NodeCall:
 
 def _acquire(call: NodeCall) -> dict[str, Any]:
     run, key = call.run, call.node.key
-    p, sampled = run.pipeline, run.pipeline.datasets[key].trajectories
-    if sampled is None:
-        manifest = acquire_dataset(p.datasets[key], call.out, smoke=p.smoke, where=f"datasets.{key}")
+    p, dataset = run.pipeline, run.pipeline.datasets[key]
+    sampled, sample = dataset.trajectories, dataset.sample
+    if sample is not None:
+        cond_dir = run.path(f"conditions.{sample.conditions}")
+        manifest = sample_pairs(
+            sample,
+            dataset=key,
+            stage_dir=run.path(f"train.{sample.stage}"),
+            prompts_dir=run.path(f"acquire.{sample.prompts}"),
+            conditions_dir=cond_dir,
+            encoder_fingerprint=encoder_fingerprint(cond_dir),
+            out_dir=call.out,
+            seed=p.seed,
+            smoke=p.smoke,
+        )
+    elif sampled is None:
+        manifest = acquire_dataset(dataset, call.out, smoke=p.smoke, where=f"datasets.{key}")
     else:
         cond_dir = run.path(f"conditions.{sampled.conditions}")
         manifest = acquire_trajectories(

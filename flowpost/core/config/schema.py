@@ -27,7 +27,14 @@ INIT_KEYWORDS = ("scratch", "previous")  # model.init values that are not stage 
 EVAL_METRICS = ("adherence", "reward_mean", "fd")  # what an evaluation's metrics.json can be compared on
 
 
-IMAGE_SOURCES = ("image-folder", "table", "webdataset", "hf-dataset", "video-folder")  # captioned media the user brings
+IMAGE_SOURCES = (  # captioned media (or preference pairs) the user brings
+    "image-folder",
+    "table",
+    "webdataset",
+    "hf-dataset",
+    "video-folder",
+    "preference-pairs",
+)
 CAPTIONED = ("caption_column", "preprocess", "split", "max_caption_chars", "max_bad_fraction")
 SOURCE_FIELDS: dict[str, tuple[str, ...]] = {  # the fields each source reads besides source, path and split_seed
     "builtin-digits": ("image_size", "test_fraction"),
@@ -37,12 +44,15 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {  # the fields each source reads be
     "webdataset": (*CAPTIONED, "shards", "image_keys", "caption_keys"),
     "hf-dataset": (*CAPTIONED, "image_column", "hub"),
     "video-folder": (*CAPTIONED, "frames"),
+    "preference-pairs": (*CAPTIONED, "chosen_column", "rejected_column"),
     "teacher-trajectories": ("trajectories",),
+    "sampled-pairs": ("sample",),
 }
 ALWAYS = ("source", "path", "split_seed")
-PATH_SOURCES = ("prompt-files", "image-folder", "table", "video-folder")  # those that need ``path``
+PATH_SOURCES = ("prompt-files", "image-folder", "table", "video-folder", "preference-pairs")  # those that need ``path``
 IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff", "npy")  # webdataset image extensions
 CAPTION_MEMBERS = ("txt", "json")  # webdataset caption extensions: plain text, or a JSON object's caption field
+SAMPLED_PAIRS = "sampled-pairs"  # preference pairs an acquisition node samples from a trained stage
 
 
 class PreprocessConfig(StrictModel):
@@ -95,9 +105,32 @@ class TrajectoriesConfig(StrictModel):
     batch_size: int = Field(250, ge=1, description="trajectories per teacher forward pass")
 
 
+class SampledPairsConfig(StrictModel):
+    """How the ``acquire.<dataset>`` node of a ``sampled-pairs`` dataset builds preference pairs: it samples
+    ``candidates`` images per prompt and round from a trained stage, scores them with ``rewards`` (never the
+    evaluation judge) and pairs the best with the worst."""
+
+    stage: str = Field(description="the trained stage whose weights are sampled; the node runs after it")
+    prompts: str = Field(description="the dataset whose training prompts (and labels) are sampled")
+    conditions: str = Field(description="the condition cache that encodes those prompts")
+    rewards: list[RewardConfig] = Field(
+        default_factory=lambda: [RewardConfig(name="digit_adherence")],
+        min_length=1,
+        description="the weighted reward that ranks the candidates",
+    )
+    weights: Literal["ema", "live"] = Field("ema", description="which weights of the stage; ema falls back to live")
+    candidates: int = Field(8, ge=2, description="samples per prompt and round; the best and the worst form a pair")
+    rounds: int = Field(1, ge=1, description="pairs per prompt (each round draws new candidates)")
+    steps: int = Field(20, ge=1, description="ODE steps per sample")
+    guidance: float = Field(1.0, ge=0)
+    min_gap: float = Field(0.0, ge=0, description="a group whose best and worst reward differ by less gives no pair")
+    batch_size: int = Field(256, ge=1, description="samples per generation and scoring batch")
+
+
 class DatasetConfig(StrictModel):
-    """How to acquire one dataset: the built-in digits, prompts from files, captioned images or clips, or
-    teacher trajectories sampled from a finished stage (``trajectories``)."""
+    """How to acquire one dataset: the built-in digits, prompts from files, captioned images or clips,
+    preference pairs (``path``), or what a finished stage samples: teacher trajectories (``trajectories``)
+    or preference pairs (``sample``)."""
 
     source: Literal[
         "builtin-digits",
@@ -108,13 +141,19 @@ class DatasetConfig(StrictModel):
         "hf-dataset",
         "video-folder",
         "teacher-trajectories",
+        "preference-pairs",
+        "sampled-pairs",
     ]
     path: str | None = Field(
         None,
         description="prompt-files: a .txt/.jsonl/.csv/.parquet file or a folder of them; image-folder / "
         "video-folder: a folder of images / clips; table: a .parquet/.csv/.jsonl file; hf-dataset: a folder "
-        "written by save_to_disk. Relative to the working directory; its contents are a source fingerprint",
+        "written by save_to_disk; preference-pairs: such a table, or a folder with chosen/ and rejected/. "
+        "Relative to the working directory; its contents are a source fingerprint",
     )
+    sample: SampledPairsConfig | None = Field(None, description="sampled-pairs: the stage, prompts and ranking")
+    chosen_column: str = Field("chosen", description="preference-pairs table: the preferred image's field")
+    rejected_column: str = Field("rejected", description="preference-pairs table: the dispreferred image's field")
     image_size: int = Field(16, ge=8, le=64, multiple_of=4)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     split_seed: int = 0
@@ -162,6 +201,8 @@ class DatasetConfig(StrictModel):
             raise ValueError("source 'hf-dataset' reads one of 'path' (a save_to_disk folder) and 'hub'")
         if (self.source == TRAJECTORIES) != (self.trajectories is not None):
             raise ValueError(f"'trajectories' is required for source {TRAJECTORIES!r}, and only for it")
+        if (self.source == SAMPLED_PAIRS) != (self.sample is not None):
+            raise ValueError(f"'sample' is required for source {SAMPLED_PAIRS!r}, and only for it")
         own = SOURCE_FIELDS[self.source]
         unused = [n for n in type(self).model_fields if n in self.model_fields_set and n not in (*ALWAYS, *own)]
         if unused:
@@ -565,9 +606,18 @@ class PipelineConfig(StrictModel):
                             "dataset instead",
                         )
                     )
+                elif (sample := self.datasets[ds].sample) is not None:
+                    errors.append(
+                        (
+                            f"conditions.{name}.datasets.{i}",
+                            f"dataset {ds!r} is sampled from stage {sample.stage!r} on the prompts of "
+                            f"{sample.prompts!r}; list {sample.prompts!r} instead",
+                        )
+                    )
         for name, dataset in self.datasets.items():
             if dataset.trajectories is not None:
                 errors += self._trajectory_problems(name, dataset.trajectories)
+        errors += self._sampled_pairs_problems()
         earlier: list[str] = []
         for name, stage in self.stages.items():
             if name in INIT_KEYWORDS:
@@ -657,6 +707,33 @@ class PipelineConfig(StrictModel):
             )
         return errors
 
+    def _sampled_pairs_problems(self) -> list[tuple[str, str]]:
+        """A sampled-pairs dataset's stage, prompt dataset and condition cache must exist, and the cache
+        must encode those prompts."""
+        errors = []
+        for name, dataset in self.datasets.items():
+            sample, where = dataset.sample, f"datasets.{name}.sample"
+            if sample is None:
+                continue
+            if sample.stage not in self.stages:
+                errors.append((f"{where}.stage", _unknown("stage", sample.stage, self.stages)))
+            prompts = self.datasets.get(sample.prompts)
+            if prompts is None or prompts.sample is not None:
+                sources = [n for n, d in self.datasets.items() if d.sample is None]
+                errors.append((f"{where}.prompts", _unknown("dataset of prompts", sample.prompts, sources)))
+            cache = self.conditions.get(sample.conditions)
+            if cache is None:
+                errors.append((f"{where}.conditions", _unknown("conditions", sample.conditions, self.conditions)))
+            elif prompts is not None and sample.prompts not in cache.datasets:
+                errors.append(
+                    (
+                        f"{where}.conditions",
+                        f"cache {sample.conditions!r} does not encode dataset {sample.prompts!r}; "
+                        f"add it to conditions.{sample.conditions}.datasets",
+                    )
+                )
+        return errors
+
     def _data_problems(self, name: str, data: DataRef) -> list[tuple[str, str]]:
         """Unknown datasets or caches, a prompt set that is not prompt files, a dataset its cache lacks."""
         errors = []
@@ -675,7 +752,11 @@ class PipelineConfig(StrictModel):
             if key == "prompts" and self.datasets[dataset].source != "prompt-files":
                 errors.append((where, f"dataset {dataset!r} is not a 'prompt-files' source"))
             sampled = self.datasets[dataset].trajectories
-            encoded = sampled.prompts if sampled is not None else dataset
+            sample = self.datasets[dataset].sample
+            if sample is not None and sample.stage in self.stages and not _before(self.stages, sample.stage, name):
+                errors.append((where, f"dataset {dataset!r} samples stage {sample.stage!r}, which must come earlier"))
+            # sampled datasets reuse the conditions of the prompts they were sampled on
+            encoded = sampled.prompts if sampled is not None else sample.prompts if sample is not None else dataset
             if cache is not None and encoded not in cache.datasets:
                 errors.append(
                     (
@@ -685,6 +766,12 @@ class PipelineConfig(StrictModel):
                     )
                 )
         return errors
+
+
+def _before(stages: dict[str, StageConfig], first: str, second: str) -> bool:
+    """Whether stage ``first`` is defined before stage ``second``."""
+    order = list(stages)
+    return order.index(first) < order.index(second)
 
 
 def _init_problems(name: str, model: ModelConfig, earlier: list[str], *, gated: bool) -> list[tuple[str, str]]:

@@ -52,11 +52,12 @@ LoaderFactory = Callable[..., BatchLoader]
 
 @dataclass
 class StageInputs:
-    """Data of one stage: conditions, demonstrations (as a loader factory), prompts, assets; with a
-    ``teacher-trajectories`` dataset the sigmas its records' states sit at."""
+    """Data of one stage: conditions, demonstrations or preference pairs (as loader factories), prompts,
+    assets; with a ``teacher-trajectories`` dataset the sigmas its records' states sit at."""
 
     conditions: ConditionTable | None = None
     demonstrations: LoaderFactory | None = None
+    preferences: LoaderFactory | None = None
     trajectory_sigmas: list[float] | None = None
     prompts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     assets_dir: Path | None = None

@@ -39,6 +39,15 @@ def preference_loss(margin: Tensor, *, beta: float, loss_type: LossType = "sigmo
     raise ValueError(f"unknown preference loss {loss_type!r}; expected sigmoid, hinge or ipo")
 
 
+def implicit_rewards(
+    policy_chosen: Tensor, policy_rejected: Tensor, ref_chosen: Tensor, ref_rejected: Tensor, *, beta: float
+) -> tuple[Tensor, Tensor]:
+    """Implicit rewards ``-b (e_theta - e_ref)`` of the chosen and rejected arms, shape [N] each; their
+    difference is ``b z``."""
+    scale = 0.5 * beta
+    return -scale * (policy_chosen - ref_chosen), -scale * (policy_rejected - ref_rejected)
+
+
 def implicit_accuracy(margin: Tensor) -> float:
     """Fraction of pairs with ``z > 0``; ties count one half."""
     return float(((margin > 0).float() + 0.5 * (margin == 0).float()).mean())

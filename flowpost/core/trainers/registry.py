@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 TRAINERS: dict[str, str] = {
     "sft": "flowpost.core.trainers.offline.sft:SFTTrainer",
+    "offline-dpo": "flowpost.core.trainers.offline.dpo:OfflineDPOTrainer",
     "grpo": "flowpost.core.trainers.rl.grpo:GRPOTrainer",
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardTrainer",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",

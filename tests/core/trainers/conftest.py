@@ -1,4 +1,4 @@
-"""A tiny on-disk demonstration set, a fake-encoded condition cache, and an SFT trainer factory."""
+"""Tiny on-disk demonstration and preference-pair sets, a fake-encoded condition cache, and a trainer factory."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from flowpost.core.trainers.optimizers import OptimizerConfig
 from flowpost.core.trainers.registry import TRAINERS, arguments_class, trainer_class
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import update_condition_cache
-from flowpost.data.records import Demonstration
+from flowpost.data.records import Demonstration, PreferencePair
 from flowpost.data.shards import write_shards
 from flowpost.data.stage_inputs import load_stage_inputs
 from flowpost.stage import build_callbacks, build_rewards, build_validation
@@ -34,7 +34,7 @@ from flowpost.stage import build_callbacks, build_rewards, build_validation
 TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 RECORDS = 20  # batch 4 -> 5 batches per epoch
 FINGERPRINT = "test-encoder"
-DATASET_TRAINERS = ("sft", "consistency", "kd")  # the fixture's default batch size fits their data
+DATASET_TRAINERS = ("sft", "consistency", "kd", "offline-dpo")  # the fixture's default batch size fits their data
 
 
 def _fake_encode(prompts: list[str]) -> ConditionBatch:
@@ -62,6 +62,32 @@ def write_stage_data(
     prompts = ["", *sorted({r.prompt for r in records})]
     update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=encode)
     return root / "data", root / "conditions"
+
+
+def write_pair_data(root: Path, *, pairs: int) -> tuple[Path, Path]:
+    """``pairs`` random 1x16x16 preference pairs in shards and their prompts' condition cache."""
+    rng = np.random.default_rng(1)
+    records = [
+        PreferencePair(
+            key=f"p{i}",
+            prompt=f"digit {i % 10}",
+            chosen=rng.random((1, 16, 16), dtype=np.float32),
+            rejected=rng.random((1, 16, 16), dtype=np.float32),
+            label=i % 10,
+        )
+        for i in range(pairs)
+    ]
+    manifest = write_shards(records, root / "data" / "train", shard_size=5)
+    write_json_atomic(root / "data" / "train" / "manifest.json", manifest)
+    prompts = ["", *sorted({r.prompt for r in records})]
+    update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=_fake_encode)
+    return root / "data", root / "conditions"
+
+
+@pytest.fixture(scope="session")
+def pair_data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``RECORDS`` preference pairs: batch 4 gives 5 batches per epoch."""
+    return write_pair_data(tmp_path_factory.mktemp("pair-data"), pairs=RECORDS)
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +129,8 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, listeners={}, lora_rank=None, **train_args)``.
 
     ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data;
-    ``init_from`` is the spec's (distillation trainers need one: their teacher is the init weights).
+    ``init_from`` is the spec's starting weights (distillation and offline DPO need one: their teacher or
+    reference is the init weights; the adapter is still the one given or built here).
 
     ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name.
 
@@ -124,7 +151,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         adapter: ModelAdapter | None = None,
         dirs: tuple[Path, Path] | None = None,
         optimizers: dict[str, dict[str, Any]] | None = None,
-        init_from: str | None = None,
+        init_from: str | Path | None = None,
         **args: Any,
     ) -> BaseTrainer:
         dataset_dir, conditions_dir = dirs or data_dirs
@@ -136,7 +163,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             dataset_dir=str(dataset_dir),
             conditions_dir=str(conditions_dir),
             encoder_fingerprint=FINGERPRINT,
-            init_from=init_from,
+            init_from=None if init_from is None else str(init_from),
             resume=resume,
         )
         name = _registered_name(cls)

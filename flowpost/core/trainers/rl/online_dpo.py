@@ -9,13 +9,13 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from flowpost.core.conditions import ConditionBatch
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
-from flowpost.core.trainers.matching import matching_error, noised, velocity_mse
+from flowpost.core.trainers.matching import velocity_mse
+from flowpost.core.trainers.paired_errors import paired_errors
 from flowpost.core.trainers.preference import (
     LossType,
     group_pairs,
@@ -132,19 +132,18 @@ class OnlineDPOTrainer(GenerationTrainer):
         Row 0 holds the chosen arm, row 1 the rejected arm.
         """
         device = self.accelerator.device
-        x0 = torch.cat([batch.final, batch.rejected]).to(device)
         noise, sigma = self.pair_noise(batch, draw)
-        noise = torch.cat([noise, noise]).to(device, x0.dtype)
-        sigma = torch.cat([sigma, sigma]).to(device)
-        state = self.adapter.prepare_condition_state(ConditionBatch.cat([batch.conditions] * 2).to(device))
-        x = noised(x0, noise, sigma)
-        with torch.no_grad(), self.adapter.use_snapshot(REFERENCE):
-            v_ref = self.adapter.velocity(x, sigma, state)
-        velocity = self.adapter.velocity(x, sigma, state)
-        n = len(batch)
-        errors = matching_error(velocity, noise, x0).view(2, n)
-        ref_errors = matching_error(v_ref, noise, x0).view(2, n)
-        return errors, ref_errors, velocity_mse(velocity, v_ref).view(2, n).mean(0)
+        errors = paired_errors(
+            self.adapter,
+            chosen=batch.final.to(device),
+            rejected=batch.rejected.to(device),
+            noise=noise,
+            sigma=sigma,
+            conditions=batch.conditions,
+            reference=REFERENCE,
+        )
+        kl = velocity_mse(errors.velocity, errors.reference_velocity).view(2, len(batch)).mean(0)
+        return errors.policy, errors.reference, kl
 
     def pair_loss(self, batch: PreferencePairs, *, scale: float) -> dict[str, float]:
         """Backpropagate the DPO loss of a micro-batch of pairs (mean over valid pairs); return metrics."""

@@ -1,0 +1,91 @@
+"""Source ``preference-pairs``: a caption with a chosen and a rejected image, from a table or two folders.
+
+A table (``.parquet`` / ``.csv`` / ``.jsonl``) holds a caption column and two image columns (``chosen``
+and ``rejected`` unless ``chosen_column`` / ``rejected_column`` say otherwise), each holding the encoded
+bytes (or a ``{"bytes": ..., "path": ...}`` struct) or a path relative to the table; every other column
+becomes the pairs' metadata. A folder holds ``chosen/``, captioned like an image folder (a metadata table
+naming ``file_name``, or a sidecar ``.txt``), and ``rejected/`` with an image of the same relative name
+for each chosen one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowpost.data.file_hashes import files_fingerprint
+from flowpost.data.sources.image_folder import folder_fingerprint, folder_items
+from flowpost.data.sources.items import caption_field, cell_path, image_cell, json_metadata
+from flowpost.data.sources.table import table_rows
+from flowpost.errors import FlowpostError
+
+CHOSEN, REJECTED = "chosen", "rejected"  # the two subfolders of a pair folder
+
+
+@dataclass(frozen=True)
+class PairItem:
+    """One pair, not yet decoded: ``name`` identifies it within the source (split and crops hash it), ``where``
+    locates it for messages; each image is a file or the encoded bytes; ``caption`` is raw."""
+
+    name: str
+    where: str
+    chosen: Path | bytes
+    rejected: Path | bytes
+    caption: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def pair_items(
+    path: Path, *, caption_column: str | None, chosen_column: str, rejected_column: str, where: str
+) -> Iterator[PairItem]:
+    """The pairs of a pair folder (``path`` is a directory) or of a table."""
+    if path.is_dir():
+        return _folder_pairs(path, caption_column=caption_column, where=where)
+    return _table_pairs(
+        path, caption_column=caption_column, chosen_column=chosen_column, rejected_column=rejected_column, where=where
+    )
+
+
+def pairs_fingerprint(path: Path, *, chosen_column: str, rejected_column: str, where: str) -> str:
+    """Changes when any file of the pair folder, or the table or an image file it names, does."""
+    if path.is_dir():
+        return folder_fingerprint(path, where=where)
+    rows = _pair_rows(path, chosen_column=chosen_column, rejected_column=rejected_column, where=where)
+    named = {cell_path(row.fields[column]) for row in rows for column in (chosen_column, rejected_column)}
+    return files_fingerprint(path.parent, [path, *(path.parent / p for p in sorted(named - {None}, key=str))])
+
+
+def _pair_rows(table: Path, *, chosen_column: str, rejected_column: str, where: str) -> list[Any]:
+    rows = table_rows(table, image_column=chosen_column, where=where)
+    if rows and rejected_column not in rows[0].fields:
+        columns = ", ".join(rows[0].fields)
+        raise FlowpostError(
+            f"no rejected-image column {rejected_column!r} (columns: {columns}); set rejected_column", where=where
+        )
+    return rows
+
+
+def _table_pairs(
+    table: Path, *, caption_column: str | None, chosen_column: str, rejected_column: str, where: str
+) -> Iterator[PairItem]:
+    """One pair per row, named by its row number."""
+    rows = _pair_rows(table, chosen_column=chosen_column, rejected_column=rejected_column, where=where)
+    for number, row in enumerate(rows, start=1):
+        column, caption = caption_field(row.fields, caption_column)
+        extra = {k: v for k, v in row.fields.items() if k not in (chosen_column, rejected_column, column)}
+        chosen, rejected = (image_cell(table.parent, row.fields[c]) for c in (chosen_column, rejected_column))
+        yield PairItem(f"row-{number}", row.where, chosen, rejected, caption, json_metadata(extra))
+
+
+def _folder_pairs(root: Path, *, caption_column: str | None, where: str) -> Iterator[PairItem]:
+    """The captioned images of ``chosen/``, each with the image of the same name in ``rejected/``."""
+    if not (root / REJECTED).is_dir():
+        raise FlowpostError(
+            f"{root} has no {REJECTED}/ folder; a pair folder holds {CHOSEN}/ (captioned) and {REJECTED}/ images "
+            "of the same names",
+            where=where,
+        )
+    for item in folder_items(root / CHOSEN, caption_column=caption_column, where=where):
+        yield PairItem(item.name, item.where, item.image, root / REJECTED / item.name, item.caption, item.metadata)
