@@ -1,13 +1,14 @@
 """Load on the reward server over loopback: concurrent clients, latency percentiles, nothing lost.
 
-    python bench/reward_server_load.py [--clients 16] [--requests 25] [--batch 4] [--max-open 64]
+    python bench/reward_server_load.py [--workspace bench-ws] [--clients 16] [--requests 25] [--batch 4] [--max-open 64]
 
 Serves a reward that echoes each sample's ``metadata["id"]`` as its score, so every answer can be
 matched to its request: a request lost, answered twice or answered with another's scores is
 counted. Each client is a ``RemoteReward`` (its own pooled connection) sending ``--requests``
 batches of ``--batch`` 64x64 RGB images; requests over the server's ``--max-open`` are answered 503
 and retried with backoff by the client. Prints p50 / p99 latency, requests per second and the
-error counts as one JSON line; bounded by ``--clients * --requests`` requests and a per-request timeout.
+error counts as one JSON line (also written to ``WORKSPACE/reward_server_load.json``); bounded by
+``--clients * --requests`` requests and a per-request timeout.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from flowpost.core.io import write_json_atomic
 from flowpost.core.rewards.remote import RemoteReward
 from flowpost.core.rewards.server import Limits, serve_reward
 from flowpost.errors import FlowpostError
@@ -93,6 +96,7 @@ def load(clients: int, requests: int, batch: int, max_open: int) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=25)
     parser.add_argument("--batch", type=int, default=4)
@@ -100,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     summary = load(args.clients, args.requests, args.batch, args.max_open)
     print(json.dumps(summary))
+    args.workspace.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.workspace / "reward_server_load.json", summary)
     clean = summary["failed"] == summary["wrong_answers"] == summary["answered_twice"] == summary["lost"] == 0
     return 0 if clean else 1
 

@@ -30,6 +30,7 @@ import core_overhead
 import data_throughput
 import dvc_noop
 import orchestration
+import reward_server_load
 import scaling
 import torch
 
@@ -52,6 +53,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
         "orchestration": ["--smoke", "--repeats", "2"],
         "dvc_noop": ["--repeats", "2"],
         "scaling": ["--processes", "1", "2", "--steps", "20"],
+        "reward_server_load": ["--clients", "16", "--requests", "25"],
     },
     "quick": {
         "core_overhead": ["--sft-steps", "4", "--grpo-iterations", "3", "--rounds", "2", *SMALL],
@@ -60,6 +62,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
         "orchestration": ["--smoke", "--repeats", "1", *SMALL],
         "dvc_noop": ["--repeats", "1", *SMALL],
         "scaling": ["--processes", "1", "2", "--steps", "10", *SMALL],
+        "reward_server_load": ["--clients", "8", "--requests", "5"],
     },
 }
 MODULES = {
@@ -69,6 +72,7 @@ MODULES = {
     "orchestration": orchestration,
     "dvc_noop": dvc_noop,
     "scaling": scaling,
+    "reward_server_load": reward_server_load,
 }
 
 
@@ -159,6 +163,16 @@ def scaling_section(result: dict[str, Any]) -> list[str]:
     return rows
 
 
+def load_section(result: dict[str, Any]) -> list[str]:
+    return [
+        "| clients | requests | ok | failed | wrong answers | answered twice | lost | p50 | p99 | requests/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| {result['clients']} | {result['requests']} | {result['ok']} | {result['failed']} "
+        f"| {result['wrong_answers']} | {result['answered_twice']} | {result['lost']} | {result['p50_ms']} ms "
+        f"| {result['p99_ms']} ms | {result['requests_per_s']} |",
+    ]
+
+
 def render(name: str, workspace: Path) -> list[str]:
     """The markdown lines of benchmark ``name`` from the JSON it wrote."""
     result = read_json(workspace / f"{name}.json")
@@ -172,6 +186,8 @@ def render(name: str, workspace: Path) -> list[str]:
         return orchestration_section(result)
     if name == "dvc_noop":
         return dvc_section(result)
+    if name == "reward_server_load":
+        return load_section(result)
     return scaling_section(result)
 
 
@@ -182,6 +198,7 @@ TITLES = {
     "orchestration": "Orchestration: the Prefect flow against the same nodes run directly",
     "dvc_noop": "A no-op `dvc repro`",
     "scaling": "Scaling: 1 → 2 processes on CPU",
+    "reward_server_load": "Reward server under load: concurrent clients on loopback",
 }
 
 
@@ -257,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rendered(name: str, workspace: Path) -> list[str]:
     if not (workspace / f"{name}.json").is_file():
-        return ["Not finished in this session; the command above runs it."]
+        return ["Not measured yet; the command above runs it."]
     return render(name, workspace)
 
 

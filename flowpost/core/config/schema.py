@@ -49,6 +49,7 @@ SOURCE_FIELDS: dict[str, tuple[str, ...]] = {  # the fields each source reads be
     "sampled-pairs": ("sample",),
 }
 ALWAYS = ("source", "path", "split_seed")
+SAMPLED_SOURCES = ("teacher-trajectories", "sampled-pairs")  # read a finished stage: no path, no split
 PATH_SOURCES = ("prompt-files", "image-folder", "table", "video-folder", "preference-pairs")  # those that need ``path``
 IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff", "npy")  # webdataset image extensions
 CAPTION_MEMBERS = ("txt", "json")  # webdataset caption extensions: plain text, or a JSON object's caption field
@@ -204,7 +205,8 @@ class DatasetConfig(StrictModel):
         if (self.source == SAMPLED_PAIRS) != (self.sample is not None):
             raise ValueError(f"'sample' is required for source {SAMPLED_PAIRS!r}, and only for it")
         own = SOURCE_FIELDS[self.source]
-        unused = [n for n in type(self).model_fields if n in self.model_fields_set and n not in (*ALWAYS, *own)]
+        always = ("source",) if self.source in SAMPLED_SOURCES else ALWAYS
+        unused = [n for n in type(self).model_fields if n in self.model_fields_set and n not in (*always, *own)]
         if unused:
             users = sorted({s for n in unused for s, fields in SOURCE_FIELDS.items() if n in fields})
             raise ValueError(
@@ -215,8 +217,8 @@ class DatasetConfig(StrictModel):
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """Each source's own fields only, so the digits and prompt-files keep their params and fingerprints."""
-        own = SOURCE_FIELDS[self.source]
-        return {name: value for name, value in handler(self).items() if name in ALWAYS or name in own}
+        own = (*(("source",) if self.source in SAMPLED_SOURCES else ALWAYS), *SOURCE_FIELDS[self.source])
+        return {name: value for name, value in handler(self).items() if name in own}
 
 
 PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype")
