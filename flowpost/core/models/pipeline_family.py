@@ -1,4 +1,4 @@
-"""What the families loaded from a diffusers pipeline share (sd3, flux1): the source, the scheduler,
+"""What the families loaded from a diffusers pipeline share (sd3, flux1, qwen-image): the source, the scheduler,
 the manifest round trip, the pipeline export, the VAE codec, the text encoders and the scheduler's
 inference sigmas."""
 
@@ -35,6 +35,7 @@ class PipelineFamily(TransformerAdapter):
     """
 
     transformer_class: ClassVar[str]  # the diffusers class of the ``transformer`` component
+    vae_class: ClassVar[str] = "AutoencoderKL"  # the diffusers class of the ``vae`` component
     pipeline_class: ClassVar[str]  # the diffusers pipeline: its ``encode_prompt`` encodes conditions, it exports
     text_models: ClassVar[tuple[tuple[str, str], ...]]  # see ``PromptFamily``
     options: ClassVar[tuple[str, ...]] = ()
@@ -134,13 +135,19 @@ class PipelineFamily(TransformerAdapter):
                 max_shift=config.max_shift,
             )
         scheduler.set_timesteps(None if sigmas is not None else steps, **options)
+        if not bool(torch.isfinite(scheduler.sigmas).all()):
+            raise FlowpostError(
+                f"the {self.family} scheduler's sigmas for {steps} step(s) are not finite "
+                f"(shift_terminal {config.get('shift_terminal')}); use more steps",
+                where="sampling.steps",
+            )
         return scheduler.sigmas.float().cpu()
 
     @cached_property
     def vae(self) -> torch.nn.Module:
-        from diffusers import AutoencoderKL
+        import diffusers
 
-        return self.source.load("vae", AutoencoderKL).eval().requires_grad_(False)
+        return self.source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
 
     def vae_encode(self, media: Tensor) -> Tensor:
         """Media in [0, 1] to latents: the VAE posterior's mean, then ``(x - shift) * scale``."""
@@ -175,8 +182,8 @@ class PipelineFamily(TransformerAdapter):
     @abstractmethod
     def prompt_embeddings(
         pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
-    ) -> tuple[Tensor, Tensor]:
-        """Token states and pooled vectors from the family's ``pipeline.encode_prompt``."""
+    ) -> ConditionBatch:
+        """Token states, their mask and pooled vectors from the family's ``pipeline.encode_prompt``."""
 
     def prepare_condition_state(self, batch: ConditionBatch) -> TextState:
         return TextState(batch.token_states, batch.pooled)
