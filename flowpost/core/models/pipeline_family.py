@@ -134,11 +134,12 @@ class PipelineFamily(TransformerAdapter):
                 base_shift=config.base_shift,
                 max_shift=config.max_shift,
             )
-        scheduler.set_timesteps(None if sigmas is not None else steps, **options)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a 1-step grid stretched to shift_terminal: refused below
+            scheduler.set_timesteps(None if sigmas is not None else steps, **options)
         if not bool(torch.isfinite(scheduler.sigmas).all()):
             raise FlowpostError(
                 f"the {self.family} scheduler's sigmas for {steps} step(s) are not finite "
-                f"(shift_terminal {config.get('shift_terminal')}); use more steps",
+                f"(shift_terminal {config.get('shift_terminal')}); use more steps (sampling.steps, evaluate.steps)",
                 where="sampling.steps",
             )
         return scheduler.sigmas.float().cpu()
