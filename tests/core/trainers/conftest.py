@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
+from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
+from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 
 from flowpost.core.callbacks.base import Callback
@@ -79,6 +81,15 @@ def flux1_data_dirs(tmp_path_factory: pytest.TempPathFactory, flux1_pipeline_dir
     encode = load_flux1_adapter(flux1_pipeline_dir).encode_conditions
     shape = (3, RESOLUTION, RESOLUTION)
     return write_stage_data(tmp_path_factory.mktemp("flux1-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def qwen_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, qwen_image_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The demonstrations as RGB images at the tiny Qwen-Image resolution, their prompts encoded by its adapter
+    (rows of different lengths, padded and masked)."""
+    encode = load_qwen_image_adapter(qwen_image_pipeline_dir).encode_conditions
+    shape = (3, QWEN_IMAGE_RESOLUTION, QWEN_IMAGE_RESOLUTION)
+    return write_stage_data(tmp_path_factory.mktemp("qwen-image-data"), image_shape=shape, encode=encode)
 
 
 def _registered_name(cls: type) -> str:
