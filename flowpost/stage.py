@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import TrackingCallback
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConfig
+from flowpost.core.config.schema import CallbacksConfig, ModelConfig, RewardConfig, StageConfig
 from flowpost.core.distributed import leave_process_group
 from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.logging import get_logger
@@ -89,7 +90,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         cls = adapter_class(model.family, where=f"stages.{spec.stage}.model.family")
         if model.pretrained is not None:
             source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype)
-            adapter = cls.from_pipeline(source)
+            adapter = cls.from_pipeline(source, **_pipeline_options(cls, model, spec.stage))
         else:
             adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
     encoder = spec.extra.get("encoder") or {}
@@ -111,6 +112,18 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
             torch.manual_seed(spec.seed)
             adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
     return adapter
+
+
+def _pipeline_options(cls: type[ModelAdapter], model: ModelConfig, stage: str) -> dict[str, Any]:
+    """``model.resolution`` for the families that take one (their square image side)."""
+    if model.resolution is None:
+        return {}
+    if "resolution" not in getattr(cls, "options", ()):
+        raise FlowpostError(
+            f"family {model.family!r} takes its image size from its transformer config; remove resolution",
+            where=f"stages.{stage}.model.resolution",
+        )
+    return {"resolution": model.resolution}
 
 
 def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs) -> WeightedRewards | None:

@@ -171,6 +171,14 @@ class ModelConfig(PretrainedOptions):
     transformer: dict[str, Any] = Field(default_factory=dict, description="transformer config overrides")
     lora: LoraConfig | None = None
     pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
+    resolution: int | None = Field(
+        None,
+        ge=16,
+        le=4096,
+        multiple_of=16,
+        description="with pretrained, for the packed-latent families (flux1, qwen-image): square side in pixels; "
+        "default 1024",
+    )
 
     @model_validator(mode="after")
     def _fallback_needs_previous(self) -> ModelConfig:
@@ -180,18 +188,20 @@ class ModelConfig(PretrainedOptions):
 
     @model_validator(mode="after")
     def _options_need_pretrained(self) -> ModelConfig:
-        unused = [name for name in PRETRAINED_OPTIONS if getattr(self, name) is not None]
+        unused = [name for name in (*PRETRAINED_OPTIONS, "resolution") if getattr(self, name) is not None]
         if self.pretrained is None and unused:
             raise ValueError(f"{', '.join(unused)} apply only with pretrained; set pretrained or remove them")
         return self
 
     @model_serializer(mode="wrap")
     def _omit_unused_fallback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``fallback`` only with ``init: previous``, the pretrained options only when set, so other
-        stages keep their params and fingerprints."""
+        """``fallback`` only with ``init: previous``, the pretrained options and ``resolution`` only when
+        set, so other stages keep their params and fingerprints."""
         data = handler(self)
         if self.init != "previous":
             data.pop("fallback", None)
+        if self.resolution is None:
+            data.pop("resolution", None)
         return self._without_unset(data)
 
 
