@@ -51,7 +51,26 @@ def test_the_pipeline_folders_files_enter_the_train_fingerprint(tiny_pipeline, s
     assert _train_inputs(config, tmp_path / "ws")["sources"][PRETRAINED] != first["sources"][PRETRAINED]
 
 
-@pytest.mark.parametrize(("option", "value"), [("revision", "main"), ("resolution", 512)])
+def test_a_component_folders_files_enter_the_train_fingerprint(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
+    transformer = tmp_path / "tuned"
+    shutil.copytree(sd3_pipeline_dir / "transformer", transformer)
+    model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "components": {"transformer": str(transformer)}}
+    config = _with_model(tiny_pipeline, model)
+    first = _train_inputs(config, tmp_path / "ws")
+    assert first["config"]["model"]["components"] == {"transformer": str(transformer)}
+    plain = _train_inputs(_with_model(tiny_pipeline, {**model, "components": None}), tmp_path / "ws")
+    assert "components" not in plain["config"]["model"] and plain["sources"][PRETRAINED] != first["sources"][PRETRAINED]
+    config_file = transformer / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "qk_norm": None}))
+    assert _train_inputs(config, tmp_path / "ws")["sources"][PRETRAINED] != first["sources"][PRETRAINED]
+    adapter = _build(config, tmp_path)  # without qk_norm: the replacing folder's own config
+    assert isinstance(adapter, SD3Adapter) and adapter.source.components == {"transformer": str(transformer)}
+    assert adapter.module().config.qk_norm is None
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("revision", "main"), ("resolution", 512), ("components", {"transformer": "t"})]
+)
 def test_pretrained_options_without_pretrained_are_rejected(tiny_pipeline, option: str, value: Any) -> None:
     with pytest.raises(FlowpostError, match=rf"stages\.sft\.model.*{option}"):
         validate_pipeline(_with_model(tiny_pipeline, {"family": "sd3", option: value}))

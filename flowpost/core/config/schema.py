@@ -92,7 +92,7 @@ class DatasetConfig(StrictModel):
         return data
 
 
-PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype")
+PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype", "components")
 
 
 class PretrainedOptions(StrictModel):
@@ -102,6 +102,11 @@ class PretrainedOptions(StrictModel):
     variant: str | None = Field(None, description="with pretrained: the weights variant, e.g. 'fp16'")
     torch_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="with pretrained: the dtype the weights load in"
+    )
+    components: dict[str, str] | None = Field(
+        None,
+        description="with pretrained: folders replacing the pipeline's components one by one, "
+        "e.g. {transformer: PATH}",
     )
 
     def _without_unset(self, data: dict[str, Any]) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class PipelineFamily(TransformerAdapter):
     @classmethod
     def from_pipeline(cls, source: PretrainedSource, **options: Any) -> Self:
         """The transformer and scheduler of a diffusers pipeline (folder or hub id)."""
+        source.check_components()
         adapter = cls(*cls._load(source), source, **options)
         adapter.transformer_is_pipelines = True
         return adapter
@@ -92,7 +93,8 @@ class PipelineFamily(TransformerAdapter):
         self.scheduler.save_pretrained(Path(path) / "scheduler")
 
     def save_pipeline(self, path: str | Path) -> None:
-        """The source pipeline with this transformer (LoRA merged) and scheduler, saved as one folder."""
+        """The source pipeline with this transformer (LoRA merged), scheduler and the source's overriding
+        components, saved as one folder."""
         import diffusers
 
         network = without_lora(self.transformer)
@@ -100,8 +102,9 @@ class PipelineFamily(TransformerAdapter):
         if self.source.torch_dtype is not None:
             options["torch_dtype"] = getattr(torch, self.source.torch_dtype)
         try:
+            parts = self.source.load_overrides(skip=("transformer", "scheduler"))
             pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
-                self.source.path, transformer=network, scheduler=self.scheduler, **options
+                self.source.path, transformer=network, scheduler=self.scheduler, **parts, **options
             )
         except (OSError, ValueError) as error:
             raise FlowpostError(

@@ -63,6 +63,7 @@ class PipelinePrompts:
         import diffusers
         import transformers
 
+        self.source.check_components()
         parts: dict[str, Any] = {}
         for index, (encoder, tokenizer) in enumerate(self.family.text_models):
             suffix = f"_{index + 1}" if index else ""
