@@ -34,7 +34,8 @@ class PromptFamily(Protocol):
 
 def unmasked(token_states: Tensor, pooled: Tensor) -> ConditionBatch:
     """Token states every position of which the transformer attends to (the MMDiT families: padding included)."""
-    return ConditionBatch(token_states, torch.ones(token_states.shape[:2], dtype=torch.int8), pooled)
+    mask = torch.ones(token_states.shape[:2], dtype=torch.int8, device=token_states.device)
+    return ConditionBatch(token_states, mask, pooled)
 
 
 @dataclass

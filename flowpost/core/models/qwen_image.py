@@ -101,9 +101,9 @@ class QwenImageAdapter(PackedLatentFamily):
     def _latent_statistics(self, like: Tensor) -> tuple[Tensor, Tensor]:
         """The VAE's per-channel ``latents_mean`` and ``1 / latents_std`` as ``[1, C, 1, 1, 1]``."""
         config = self.vae.config
-        mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1)
-        inverse_std = 1.0 / torch.tensor(config.latents_std).view(1, config.z_dim, 1, 1, 1)
-        return mean.to(like.device, like.dtype), inverse_std.to(like.device, like.dtype)
+        mean = torch.tensor(config.latents_mean, device=like.device)  # fp32, then cast, as the pipeline
+        inverse_std = 1.0 / torch.tensor(config.latents_std, device=like.device)
+        return mean.to(like.dtype).view(1, -1, 1, 1, 1), inverse_std.to(like.dtype).view(1, -1, 1, 1, 1)
 
     def vae_encode(self, media: Tensor) -> Tensor:
         """Media ``[B, 3, H, W]`` in [0, 1] to latents ``[B, C, 1, h, w]``: the posterior's mean, then
