@@ -105,8 +105,7 @@ class PretrainedOptions(StrictModel):
     )
     components: dict[str, str] | None = Field(
         None,
-        description="with pretrained: folders replacing the pipeline's components one by one, "
-        "e.g. {transformer: PATH}",
+        description="with pretrained: folders replacing the pipeline's components one by one, e.g. {transformer: PATH}",
     )
 
     def _without_unset(self, data: dict[str, Any]) -> dict[str, Any]:
