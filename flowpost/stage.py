@@ -89,7 +89,9 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     else:
         cls = adapter_class(model.family, where=f"stages.{spec.stage}.model.family")
         if model.pretrained is not None:
-            source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype)
+            source = PretrainedSource(
+                model.pretrained, model.revision, model.variant, model.torch_dtype, model.components or {}
+            )
             adapter = _from_pipeline(cls, source, model.options, where=f"stages.{spec.stage}")
         else:
             adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)

@@ -82,6 +82,14 @@ def wan2_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen-Image diffusers pipeline folder (``tests/tiny_qwen_image_pipeline.py``)."""
+    from tiny_qwen_image_pipeline import build_tiny_qwen_image_pipeline
+
+    return build_tiny_qwen_image_pipeline(tmp_path_factory.mktemp("qwen-image") / "pipeline")
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 

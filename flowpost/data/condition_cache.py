@@ -73,13 +73,9 @@ def _rows(prompts: list[str], fingerprint: str, batch: ConditionBatch) -> pa.Tab
             "prompt_hash": [prompt_hash(p) for p in prompts],
             "encoder_fingerprint": [fingerprint] * n,
             "prompt": prompts,
-            "token_states": pa.FixedSizeListArray.from_arrays(
-                pa.array(states.numpy().reshape(-1)), seq_len * hidden
-            ).cast(pa.list_(pa.float32())),
-            "token_mask": pa.FixedSizeListArray.from_arrays(pa.array(mask.numpy().reshape(-1)), seq_len).cast(
-                pa.list_(pa.int8())
-            ),
-            "pooled": _row_lists(pooled.numpy()),
+            "token_states": _list_column(states.numpy(), pa.float32()),
+            "token_mask": _list_column(mask.numpy(), pa.int8()),
+            "pooled": _list_column(pooled.numpy(), pa.float32()),
             "seq_len": pa.array([seq_len] * n, pa.int32()),
             "hidden_dim": pa.array([hidden] * n, pa.int32()),
         },
@@ -87,11 +83,12 @@ def _rows(prompts: list[str], fingerprint: str, batch: ConditionBatch) -> pa.Tab
     )
 
 
-def _row_lists(matrix: np.ndarray) -> pa.ListArray:
-    """Each row of ``matrix`` [N, W] as one float32 list; W may be 0 (a family without a pooled vector)."""
-    rows, width = matrix.shape
-    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * width)
-    return pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1), pa.float32()))
+def _list_column(rows: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    """One list per row of ``rows`` (each row flattened); rows may be empty (a family without pooled vectors)."""
+    n = len(rows)
+    width = int(np.prod(rows.shape[1:]))
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * width)
+    return pa.ListArray.from_arrays(offsets, pa.array(rows.reshape(-1), value_type))
 
 
 def update_condition_cache(

@@ -55,7 +55,8 @@ def condition_encoder(config: ConditionsConfig) -> ConditionEncoder:
     if config.model is None:
         return build_encoder(config.encoder, max_length=config.max_length)
     model = config.model
-    source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype)
+    options = (model.revision, model.variant, model.torch_dtype, model.components or {})
+    source = PretrainedSource(model.pretrained, *options)
     family = adapter_class(model.family, where="conditions.*.model.family")
     return family.prompt_encoder(source, max_length=config.max_length)
 

@@ -98,7 +98,10 @@ class PipelineRun:
         found = served_reward_versions(self.pipeline, node.key) if node.kind is NodeKind.TRAIN else {}
         model = (node.config.get("model") or {}) if node.kind in (NodeKind.TRAIN, NodeKind.CONDITIONS) else {}
         if model.get("pretrained") is not None:
-            found[PRETRAINED] = PretrainedSource(model["pretrained"], revision=model.get("revision")).fingerprint()
+            source = PretrainedSource(
+                model["pretrained"], revision=model.get("revision"), components=model.get("components") or {}
+            )
+            found[PRETRAINED] = source.fingerprint()
         dataset = self.pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
         if dataset is not None and dataset.source == "prompt-files":
             found[PROMPT_FILES] = prompt_files_fingerprint(dataset.path, where=f"datasets.{node.key}.path")

@@ -116,3 +116,24 @@ def test_a_failed_table_write_keeps_the_previous_cache(tmp_path: Path, monkeypat
     assert (tmp_path / "conditions.parquet").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conditions.parquet", "manifest.json"]
     assert load_condition_table(tmp_path, "f1")[0] == ["a", "b"]
+
+
+def test_rows_without_pooled_vectors_and_of_different_lengths_round_trip(tmp_path: Path) -> None:
+    """A family with no pooled vector (qwen-image) stores zero-width ones; each encode call pads to its own longest."""
+
+    def encode(prompts: list[str]) -> ConditionBatch:
+        length = 2 + len(prompts)
+        states = torch.stack([fake_row(p)[0][:1].expand(length, HIDDEN) for p in prompts])
+        mask = torch.ones(len(prompts), length, dtype=torch.int8)
+        mask[0, -1] = 0  # the first prompt of each call is padded by one position
+        return ConditionBatch(states, mask, torch.zeros(len(prompts), 0))
+
+    update_condition_cache(tmp_path, ["a"], encoder_fingerprint="f", encode=encode)
+    update_condition_cache(tmp_path, ["b", "c", "d"], encoder_fingerprint="f", encode=encode)
+    batch = load_conditions(tmp_path, ["d", "a", "b"], encoder_fingerprint="f")
+    assert batch.pooled.shape == (3, 0) and batch.token_states.shape == (3, 5, HIDDEN)
+    assert batch.token_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]]
+    for row, prompt in enumerate(["d", "a", "b"]):
+        real = int(batch.token_mask[row].sum())
+        assert torch.equal(batch.token_states[row, :real], fake_row(prompt)[0][:1].expand(real, HIDDEN))
+    assert not batch.token_states[1, 3:].any()  # "a" was stored 3 long: the loader pads it with zeros

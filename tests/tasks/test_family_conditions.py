@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from tiny_flux1_pipeline import load_flux1_adapter
+from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
 
 from flowpost.core.conditions import NULL_PROMPT
@@ -43,12 +44,35 @@ def test_the_cache_holds_the_familys_encode_conditions_exactly(sd3_pipeline_dir:
     assert (again["hits"], again["misses"]) == (3, 0)  # the null prompt too: each encoded once
 
 
-def test_the_flux1_cache_holds_its_encode_conditions(flux1_pipeline_dir: Path, tmp_path: Path) -> None:
-    summary = cache_conditions(_config(flux1_pipeline_dir, "flux1"), [], tmp_path, extra_prompts=PROMPTS)
-    assert (summary["encoder"], summary["pretrained"], summary["total"]) == ("flux1", str(flux1_pipeline_dir), 3)
-    expected = load_flux1_adapter(flux1_pipeline_dir).encode_conditions([NULL_PROMPT, *PROMPTS])
+@pytest.mark.parametrize(
+    ("family", "loader", "folder"),
+    [
+        ("flux1", load_flux1_adapter, "flux1_pipeline_dir"),
+        ("qwen-image", load_qwen_image_adapter, "qwen_image_pipeline_dir"),
+    ],
+)
+def test_a_familys_cache_holds_its_encode_conditions(request, tmp_path: Path, family, loader, folder) -> None:
+    folder = request.getfixturevalue(folder)
+    summary = cache_conditions(_config(folder, family), [], tmp_path, extra_prompts=PROMPTS)
+    assert (summary["encoder"], summary["pretrained"], summary["total"]) == (family, str(folder), 3)
+    expected = loader(folder).encode_conditions([NULL_PROMPT, *PROMPTS])
     loaded = load_conditions(tmp_path, [NULL_PROMPT, *PROMPTS], encoder_fingerprint=summary["encoder_fingerprint"])
     assert torch.equal(loaded.token_states, expected.token_states) and torch.equal(loaded.pooled, expected.pooled)
+    assert torch.equal(loaded.token_mask, expected.token_mask.long())
+
+
+def test_qwen_image_rows_keep_their_own_lengths_across_encodes(qwen_image_pipeline_dir: Path, tmp_path: Path) -> None:
+    """Rows of different lengths, encoded by separate runs, read back as one batch padded and masked to the longest."""
+    config = _config(qwen_image_pipeline_dir, "qwen-image")
+    first = cache_conditions(config, [], tmp_path, extra_prompts=PROMPTS[:1])
+    cache_conditions(config, [], tmp_path, extra_prompts=PROMPTS)
+    loaded = load_conditions(tmp_path, PROMPTS, encoder_fingerprint=first["encoder_fingerprint"])
+    alone = [load_qwen_image_adapter(qwen_image_pipeline_dir).encode_conditions([p]) for p in PROMPTS]
+    assert loaded.pooled.shape == (2, 0)
+    for row, batch in enumerate(alone):
+        length = batch.token_states.shape[1]
+        assert int(loaded.token_mask[row].sum()) == length
+        assert torch.equal(loaded.token_states[row, :length], batch.token_states[0])
 
 
 def test_a_cache_of_variable_lengths_round_trips_with_its_shapes(sd3_pipeline_dir: Path, tmp_path: Path) -> None:

@@ -8,6 +8,9 @@ from typing import Any
 import pytest
 import torch
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
+from tiny_qwen_image_pipeline import MAX_LENGTH as QWEN_IMAGE_MAX_LENGTH
+from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
+from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
 
 from flowpost.core.io import write_json_atomic
@@ -131,9 +134,38 @@ def test_the_stock_flux_pipeline_generates_what_flowpost_samples(flux1_export, f
     assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
 
 
+@pytest.fixture(scope="module")
+def qwen_image_export(qwen_image_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    adapter = _perturbed_lora(load_qwen_image_adapter(qwen_image_pipeline_dir))
+    return adapter, _export(adapter, tmp_path_factory.mktemp("qwen-image-export"), ("diffusers", "pipeline"))
+
+
+def _stock_qwen_image_latents(pipe: Any, noise: torch.Tensor) -> torch.Tensor:
+    options = {"num_inference_steps": STEPS, "true_cfg_scale": GUIDANCE, "max_sequence_length": QWEN_IMAGE_MAX_LENGTH}
+    inputs = {"height": QWEN_IMAGE_RESOLUTION, "width": QWEN_IMAGE_RESOLUTION, "negative_prompt": [""] * len(PROMPTS)}
+    return pipe(PROMPTS, latents=noise.clone(), output_type="latent", **inputs, **options).images
+
+
+@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
+def test_the_stock_qwen_pipeline_generates_what_flowpost_samples(qwen_image_export, qwen_image_pipeline_dir, route):
+    from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
+
+    adapter, export = qwen_image_export
+    pipe = _stock_pipeline(route, export, qwen_image_pipeline_dir, QwenImagePipeline, QwenImageTransformer2DModel)
+    noise = _noise(adapter)
+    expected = _flowpost_latents(adapter, noise)  # true CFG with the norm rescale, as the stock pipeline
+    torch.testing.assert_close(_stock_qwen_image_latents(pipe, noise), expected, rtol=0, atol=1e-5)
+    untrained = _stock_qwen_image_latents(QwenImagePipeline.from_pretrained(qwen_image_pipeline_dir), noise)
+    assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
+
+
 @pytest.mark.parametrize(
     ("exported", "transformer_class"),
-    [("sd3_export", "SD3Transformer2DModel"), ("flux1_export", "FluxTransformer2DModel")],
+    [
+        ("sd3_export", "SD3Transformer2DModel"),
+        ("flux1_export", "FluxTransformer2DModel"),
+        ("qwen_image_export", "QwenImageTransformer2DModel"),
+    ],
 )
 def test_a_pretrained_familys_export_documents_its_folders(request, exported: str, transformer_class: str) -> None:
     _, export = request.getfixturevalue(exported)

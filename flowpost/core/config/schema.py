@@ -221,7 +221,7 @@ class DatasetConfig(StrictModel):
         return {name: value for name, value in handler(self).items() if name in own}
 
 
-PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype")
+PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype", "components")
 
 
 class PretrainedOptions(StrictModel):
@@ -231,6 +231,10 @@ class PretrainedOptions(StrictModel):
     variant: str | None = Field(None, description="with pretrained: the weights variant, e.g. 'fp16'")
     torch_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="with pretrained: the dtype the weights load in"
+    )
+    components: dict[str, str] | None = Field(
+        None,
+        description="with pretrained: folders replacing the pipeline's components one by one, e.g. {transformer: PATH}",
     )
 
     def _without_unset(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -303,7 +307,7 @@ class ModelConfig(PretrainedOptions):
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="with pretrained: the family's own options (wan2: height, width, num_frames, fps, vae_tiling, "
-        "gradient_checkpointing; flux1: resolution, distilled_guidance)",
+        "gradient_checkpointing; flux1: resolution, distilled_guidance; qwen-image: resolution, cfg_norm)",
     )
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.text_encoders import ConditionEncoder
 from flowpost.core.roles import ComponentVariants
+from flowpost.core.sampling.guidance import classifier_free_guidance
 from flowpost.core.sampling.schedules import inference_sigmas
 from flowpost.errors import FlowpostError
 
@@ -167,7 +168,7 @@ class ModelAdapter(ABC):
         guidance: float = 1.0,
         negative: ConditionState | None = None,
     ) -> Tensor:
-        """Velocity with classifier-free guidance: ``v_neg + guidance * (v_pos - v_neg)``."""
+        """Velocity with classifier-free guidance (``guided``): ``v_neg + guidance * (v_pos - v_neg)`` by default."""
         if guidance == 1.0:
             return self.velocity(latents, sigma, state)
         if negative is None:
@@ -175,7 +176,11 @@ class ModelAdapter(ABC):
         both = type(state).cat([state, negative])
         sigma_t = torch.as_tensor(sigma, dtype=latents.dtype, device=latents.device).expand(latents.shape[0])
         v_pos, v_neg = self.velocity(torch.cat([latents, latents]), torch.cat([sigma_t, sigma_t]), both).chunk(2)
-        return v_neg + guidance * (v_pos - v_neg)
+        return self.guided(v_pos, v_neg, guidance)
+
+    def guided(self, v_pos: Tensor, v_neg: Tensor, guidance: float) -> Tensor:
+        """The guided velocity from the conditional and negative ones (a family may rescale it)."""
+        return classifier_free_guidance(v_pos, v_neg, guidance)
 
     @abstractmethod
     def use_snapshot(self, name: str) -> contextlib.AbstractContextManager:

@@ -1,5 +1,5 @@
-"""What the families loaded from a diffusers pipeline share (sd3, flux1, wan2): the source, the scheduler,
-the manifest round trip, the pipeline export, the VAE codec, the text encoders and the scheduler's
+"""What the families loaded from a diffusers pipeline share (sd3, flux1, qwen-image, wan2): the source,
+the scheduler, the manifest round trip, the pipeline export, the VAE codec, the text encoders and the scheduler's
 inference sigmas."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class PipelineFamily(TransformerAdapter):
     """
 
     transformer_class: ClassVar[str]  # the diffusers class of the ``transformer`` component
+    vae_class: ClassVar[str] = "AutoencoderKL"  # the diffusers class of the ``vae`` component
     pipeline_class: ClassVar[str]  # the diffusers pipeline: its ``encode_prompt`` encodes conditions, it exports
     text_models: ClassVar[tuple[tuple[str, str], ...]]  # see ``PromptFamily``
     default_encoder_max_length: ClassVar[int]
@@ -74,6 +75,7 @@ class PipelineFamily(TransformerAdapter):
     @classmethod
     def from_pipeline(cls, source: PretrainedSource, **options: Any) -> Self:
         """The transformer and scheduler of a diffusers pipeline (folder or hub id)."""
+        source.check_components()
         adapter = cls(*cls._load(source), source, **options)
         adapter.transformer_is_pipelines = True
         return adapter
@@ -95,7 +97,8 @@ class PipelineFamily(TransformerAdapter):
         self.scheduler.save_pretrained(Path(path) / "scheduler")
 
     def save_pipeline(self, path: str | Path) -> None:
-        """The source pipeline with this transformer (LoRA merged) and scheduler, saved as one folder."""
+        """The source pipeline with this transformer (LoRA merged), scheduler and the source's overriding
+        components, saved as one folder."""
         import diffusers
 
         network = without_lora(self.transformer)
@@ -103,8 +106,9 @@ class PipelineFamily(TransformerAdapter):
         if self.source.torch_dtype is not None:
             options["torch_dtype"] = getattr(torch, self.source.torch_dtype)
         try:
+            parts = self.source.load_overrides(skip=("transformer", "scheduler"))
             pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
-                self.source.path, transformer=network, scheduler=self.scheduler, **options
+                self.source.path, transformer=network, scheduler=self.scheduler, **parts, **options
             )
         except (OSError, ValueError) as error:
             raise FlowpostError(
@@ -137,14 +141,21 @@ class PipelineFamily(TransformerAdapter):
                 base_shift=config.base_shift,
                 max_shift=config.max_shift,
             )
-        scheduler.set_timesteps(None if sigmas is not None else steps, **options)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a 1-step grid stretched to shift_terminal: refused below
+            scheduler.set_timesteps(None if sigmas is not None else steps, **options)
+        if not bool(torch.isfinite(scheduler.sigmas).all()):
+            raise FlowpostError(
+                f"the {self.family} scheduler's sigmas for {steps} step(s) are not finite "
+                f"(shift_terminal {config.get('shift_terminal')}); use more steps (sampling.steps, evaluate.steps)",
+                where="sampling.steps",
+            )
         return scheduler.sigmas.float().cpu()
 
     @cached_property
     def vae(self) -> torch.nn.Module:
-        from diffusers import AutoencoderKL
+        import diffusers
 
-        return self.source.load("vae", AutoencoderKL).eval().requires_grad_(False)
+        return self.source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
 
     def vae_encode(self, media: Tensor) -> Tensor:
         """Media in [0, 1] to latents: the VAE posterior's mean, then ``(x - shift) * scale``."""
@@ -179,14 +190,8 @@ class PipelineFamily(TransformerAdapter):
     @abstractmethod
     def prompt_embeddings(
         pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
-    ) -> tuple[Tensor, Tensor]:
-        """Token states and pooled vectors from the family's ``pipeline.encode_prompt``."""
-
-    @staticmethod
-    def token_mask(pipeline: Any, prompts: list[str], *, max_length: int) -> Tensor | None:
-        """The token mask of ``prompts``; None: all ones (the MMDiT transformers attend to every position,
-        padding included)."""
-        return None
+    ) -> ConditionBatch:
+        """Token states, their mask and pooled vectors from the family's ``pipeline.encode_prompt``."""
 
     def prepare_condition_state(self, batch: ConditionBatch) -> TextState:
         return TextState(batch.token_states, batch.pooled)

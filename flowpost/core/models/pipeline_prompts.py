@@ -27,14 +27,15 @@ class PromptFamily(Protocol):
     @staticmethod
     def prompt_embeddings(
         pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
-    ) -> tuple[Tensor, Tensor]:
-        """Token states and pooled vectors from ``pipeline.encode_prompt``."""
+    ) -> ConditionBatch:
+        """Token states, their mask and pooled vectors from ``pipeline.encode_prompt``."""
         ...
 
-    @staticmethod
-    def token_mask(pipeline: Any, prompts: list[str], *, max_length: int) -> Tensor | None:
-        """The ``[B, L]`` mask of the prompts' tokens; None: every position counts."""
-        ...
+
+def unmasked(token_states: Tensor, pooled: Tensor) -> ConditionBatch:
+    """Token states every position of which the transformer attends to (the MMDiT families: padding included)."""
+    mask = torch.ones(token_states.shape[:2], dtype=torch.int8, device=token_states.device)
+    return ConditionBatch(token_states, mask, pooled)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class PipelinePrompts:
         import diffusers
         import transformers
 
+        self.source.check_components()
         parts: dict[str, Any] = {}
         for index, (encoder, tokenizer) in enumerate(self.family.text_models):
             suffix = f"_{index + 1}" if index else ""
@@ -75,7 +77,7 @@ class PipelinePrompts:
 
     @cached_property
     def fingerprint(self) -> str:
-        """The pipeline folder's identity (``PretrainedSource.fingerprint``), the dtype and the T5 length."""
+        """The pipeline folder's identity (``PretrainedSource.fingerprint``), the dtype and the token length."""
         weights = self.source.fingerprint()
         return sha256_json(
             {
@@ -88,15 +90,16 @@ class PipelinePrompts:
 
     @torch.no_grad()
     def encode(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
-        """The pipeline's own ``encode_prompt``, fp32 on the CPU, with the family's ``token_mask`` (all ones
-        when it has none)."""
-        length = self.max_length if max_length is None else max_length
-        embeds, pooled = self.family.prompt_embeddings(
-            self.pipeline, prompts, device=torch.device(self.device), max_length=length
+        """The pipeline's own ``encode_prompt``, fp32 on the CPU (the mask int8)."""
+        batch = self.family.prompt_embeddings(
+            self.pipeline,
+            prompts,
+            device=torch.device(self.device),
+            max_length=self.max_length if max_length is None else max_length,
         )
-        mask = self.family.token_mask(self.pipeline, prompts, max_length=length)
-        mask = torch.ones(embeds.shape[:2], dtype=torch.int8) if mask is None else mask.to("cpu", torch.int8)
-        return ConditionBatch(embeds.float().cpu(), mask, pooled.float().cpu())
+        return ConditionBatch(
+            batch.token_states.float().cpu(), batch.token_mask.to("cpu", torch.int8), batch.pooled.float().cpu()
+        )
 
     def release(self) -> None:
         """Drop the text encoders (and the GPU memory they held)."""

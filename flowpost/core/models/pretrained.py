@@ -1,34 +1,43 @@
-"""Where a real family's components come from: a local diffusers pipeline folder or a hub id."""
+"""Where a real family's components come from: a local diffusers pipeline folder or a hub id, with
+components optionally replaced one by one by folders of their own."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from flowpost.core.io import sha256_file
+from flowpost.core.io import read_json, sha256_file
 from flowpost.errors import FlowpostError
+
+CONFIG_FILES = ("config.json", "scheduler_config.json")  # where a component folder names its class
 
 
 @dataclass(frozen=True)
 class PretrainedSource:
-    """A diffusers pipeline (folder or hub id) with the ``from_pretrained`` options every component shares."""
+    """A diffusers pipeline (folder or hub id) with the ``from_pretrained`` options every component shares.
+
+    ``components`` maps a component name (``transformer``, ``vae``, ``text_encoder``, ...) to a folder
+    holding that component alone (what ``save_pretrained`` of the model writes), loaded instead of the
+    pipeline's own.
+    """
 
     path: str
     revision: str | None = None
     variant: str | None = None
     torch_dtype: str | None = None  # a torch dtype name, e.g. "bfloat16"; None: as stored
+    components: dict[str, str] = field(default_factory=dict)
 
     def load(self, name: str, loader: Any, *, weights: bool = True) -> Any:
-        """Component ``name`` (its subfolder) through ``loader.from_pretrained``.
+        """Component ``name`` (its subfolder, or its folder in ``components``) through ``loader.from_pretrained``.
 
-        ``weights``: the component is a model, so ``variant`` and ``torch_dtype`` apply. A missing or
-        unloadable component is one ``FlowpostError`` naming it and the pipeline.
+        ``weights``: the component is a model, so ``variant`` and ``torch_dtype`` apply. A missing,
+        mismatched or unloadable component is one ``FlowpostError`` naming it and the folder.
         """
-        options: dict[str, Any] = {"subfolder": name, "revision": self.revision}
+        options: dict[str, Any] = {}
         if weights:
             options["variant"] = self.variant
             if self.torch_dtype is not None:
@@ -38,29 +47,107 @@ class PretrainedSource:
 
     def config(self, name: str, loader: Any) -> dict[str, Any]:
         """Component ``name``'s config only (``loader.load_config``), without its weights."""
-        return dict(self._read(name, loader, loader.load_config, {"subfolder": name, "revision": self.revision}))
+        return dict(self._read(name, loader, loader.load_config, {}))
 
     def _read(self, name: str, loader: Any, read: Any, options: dict[str, Any]) -> Any:
-        if Path(self.path).is_dir() and not (Path(self.path) / name).is_dir():
-            raise FlowpostError(f"the diffusers pipeline folder has no {name!r} component ({name}/)", where=self.path)
+        where = self.components.get(name)
+        if where is not None:
+            self._check_override(name, Path(where), loader)
+        else:
+            if Path(self.path).is_dir() and not (Path(self.path) / name).is_dir():
+                raise FlowpostError(
+                    f"the diffusers pipeline folder has no {name!r} component ({name}/)", where=self.path
+                )
+            where, options = self.path, {"subfolder": name, "revision": self.revision, **options}
         try:
-            return read(self.path, **options)
+            return read(where, **options)
         except (OSError, ValueError) as error:
+            message = f"cannot load its {name!r} component ({loader.__name__}): {error}"
+            raise FlowpostError(message, where=where) from error
+
+    def _check_override(self, name: str, folder: Path, loader: Any) -> None:
+        """The folder replacing component ``name`` exists and declares ``loader``'s class (when it declares one)."""
+        if not folder.is_dir():
             raise FlowpostError(
-                f"cannot load its {name!r} component ({loader.__name__}): {error}", where=self.path
-            ) from error
+                f"the folder given for the {name!r} component does not exist; give a folder its "
+                "save_pretrained wrote (model.components)",
+                where=str(folder),
+            )
+        declared = _declared_class(folder)
+        if declared is not None and declared != loader.__name__:
+            raise FlowpostError(
+                f"the folder given for the {name!r} component holds a {declared}, but the pipeline's {name} "
+                f"is a {loader.__name__} (model.components.{name})",
+                where=str(folder),
+            )
+
+    def check_components(self) -> None:
+        """Every overridden component is one the pipeline has (its ``model_index.json`` lists it)."""
+        if not self.components:
+            return
+        component_names = set(self._model_index())
+        unknown = sorted(set(self.components) - component_names)
+        if unknown:
+            raise FlowpostError(
+                f"model.components names {', '.join(map(repr, unknown))}, which the pipeline has no component "
+                f"of (its components: {', '.join(sorted(component_names))})",
+                where=self.path,
+            )
+
+    def load_overrides(self, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The overridden components but ``skip``, each loaded as the pipeline's model index names its class."""
+        import importlib
+
+        index = self._model_index()
+        parts = {}
+        for name in sorted(set(self.components) - set(skip)):
+            library, class_name = index[name]
+            loader = getattr(importlib.import_module(library), class_name)
+            parts[name] = self.load(name, loader, weights=issubclass(loader, torch.nn.Module))
+        return parts
+
+    def _model_index(self) -> dict[str, tuple[str, str]]:
+        """Component name -> (library, class) from the pipeline's ``model_index.json``."""
+        from diffusers import DiffusionPipeline
+
+        try:
+            index = DiffusionPipeline.load_config(self.path, revision=self.revision)
+        except (OSError, ValueError) as error:
+            raise FlowpostError(f"cannot read the pipeline's model_index.json: {error}", where=self.path) from error
+        return {
+            name: (entry[0], entry[1])
+            for name, entry in index.items()
+            if isinstance(entry, list) and entry[0] is not None
+        }
 
     def fingerprint(self) -> str:
         """Identifies the weights: every file of a local folder by name and SHA-256 (``model_index.json``
-        and the component configs included), or the hub id at its revision (a branch may move)."""
-        root = Path(self.path)
+        and the component configs included), or the hub id at its revision (a branch may move); then each
+        overriding component folder's files alike."""
         digest = hashlib.sha256()
-        if root.is_dir():
-            for file in sorted(p for p in root.rglob("*") if p.is_file()):
-                digest.update(f"{file.relative_to(root)}\0{sha256_file(file)}\n".encode())
+        if Path(self.path).is_dir():
+            _digest_folder(digest, Path(self.path))
         else:
             digest.update(f"hub\0{self.path}\0{self.revision or 'main'}".encode())
+        for name, folder in sorted(self.components.items()):
+            digest.update(f"component\0{name}\n".encode())
+            _digest_folder(digest, Path(folder))
         return digest.hexdigest()
 
-    def to_dict(self) -> dict[str, str | None]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _digest_folder(digest: Any, root: Path) -> None:
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(root)}\0{sha256_file(file)}\n".encode())
+
+
+def _declared_class(folder: Path) -> str | None:
+    """The class a component folder's config names: diffusers' ``_class_name`` or transformers' architecture."""
+    for name in CONFIG_FILES:
+        if (folder / name).is_file():
+            config = read_json(folder / name, what="component config")
+            architectures = config.get("architectures") or [None]
+            return config.get("_class_name") or architectures[0]
+    return None

@@ -10,6 +10,7 @@ from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
 
 FAMILIES: dict[str, str] = {
     "flux1": "flowpost.core.models.flux1:Flux1Adapter",
+    "qwen-image": "flowpost.core.models.qwen_image:QwenImageAdapter",
     "sd3": "flowpost.core.models.sd3:SD3Adapter",
     "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
     "wan2": "flowpost.core.models.wan2:Wan2Adapter",

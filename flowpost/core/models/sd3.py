@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from flowpost.core.conditions import ConditionBatch
 from flowpost.core.models.pipeline_family import PipelineFamily
+from flowpost.core.models.pipeline_prompts import unmasked
 from flowpost.core.models.sd3_transformer import SD3TransformerAdapter
 
 T5_MAX_LENGTH = 256  # the stock pipeline's max_sequence_length
@@ -41,7 +43,7 @@ class SD3Adapter(PipelineFamily, SD3TransformerAdapter):
     @staticmethod
     def prompt_embeddings(
         pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
-    ) -> tuple[Tensor, Tensor]:
+    ) -> ConditionBatch:
         """[CLIP-L | CLIP-G] padded to the T5 width, then T5 tokens; pooled CLIP-L + CLIP-G."""
         embeds, _, pooled, _ = pipeline.encode_prompt(
             prompt=prompts,
@@ -51,7 +53,7 @@ class SD3Adapter(PipelineFamily, SD3TransformerAdapter):
             do_classifier_free_guidance=False,
             max_sequence_length=max_length,
         )
-        return embeds, pooled
+        return unmasked(embeds, pooled)
 
     def encode_output_state(self, media: Tensor) -> Tensor:
         return self.vae_encode(media)

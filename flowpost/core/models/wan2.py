@@ -11,7 +11,7 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.core.models.pretrained import PretrainedSource
-from flowpost.core.models.text_state import TokenState
+from flowpost.core.models.text_state import MaskedTextState
 from flowpost.errors import FlowpostError
 
 UMT5_MAX_LENGTH = 512  # the stock pipeline's max_sequence_length
@@ -34,6 +34,7 @@ class Wan2Adapter(PipelineFamily):
     encoder_name = "wan2"
     output_codec: ClassVar[str] = "AutoencoderKLWan, (x - latents_mean) / latents_std, video [C, T, H, W]"
     transformer_class: ClassVar[str] = "WanTransformer3DModel"
+    vae_class: ClassVar[str] = "AutoencoderKLWan"
     lora_targets: ClassVar[tuple[str, ...]] = WAN_ATTENTION_TARGETS
     default_encoder_max_length: ClassVar[int] = UMT5_MAX_LENGTH
     options: ClassVar[tuple[str, ...]] = (
@@ -155,7 +156,7 @@ class Wan2Adapter(PipelineFamily):
 
     def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
         """The transformer at ``timestep(sigma)``, as the stock pipeline calls it, in the latents' dtype."""
-        assert isinstance(state, TokenState)
+        assert isinstance(state, MaskedTextState)
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).expand(latents.shape[0])
         return self.transformer(
             hidden_states=latents,
@@ -167,18 +168,14 @@ class Wan2Adapter(PipelineFamily):
     @staticmethod
     def prompt_embeddings(
         pipeline: Any, prompts: list[str], *, device: torch.device, max_length: int
-    ) -> tuple[Tensor, Tensor]:
-        """UMT5 token states, trimmed to each prompt's length and zero-padded to ``max_length``; no pooled vector."""
+    ) -> ConditionBatch:
+        """UMT5 token states, zero past each prompt's length up to ``max_length`` (as the stock pipeline pads
+        them), 1 on each prompt's tokens in the mask (as the stock tokenizer call marks them); no pooled vector."""
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
         embeds, _ = pipeline.encode_prompt(
             prompt=prompts, do_classifier_free_guidance=False, max_sequence_length=max_length, device=device
         )
-        return embeds, embeds.new_zeros(len(prompts), 0)
-
-    @staticmethod
-    def token_mask(pipeline: Any, prompts: list[str], *, max_length: int) -> Tensor:
-        """1 on each prompt's tokens, as the stock pipeline's tokenizer call marks them."""
-        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-
         tokens = pipeline.tokenizer(
             [prompt_clean(p) for p in prompts],
             padding="max_length",
@@ -188,16 +185,17 @@ class Wan2Adapter(PipelineFamily):
             return_attention_mask=True,
             return_tensors="pt",
         )
-        return tokens.attention_mask.to(torch.int8)
+        mask = tokens.attention_mask.to(device=embeds.device, dtype=torch.int8)
+        return ConditionBatch(embeds, mask, embeds.new_zeros(len(prompts), 0))
 
-    def prepare_condition_state(self, batch: ConditionBatch) -> TokenState:
-        return TokenState(batch.token_states)
+    def prepare_condition_state(self, batch: ConditionBatch) -> MaskedTextState:
+        """Every cached position: the transformer reads the zero-padded states whole, as the stock pipeline."""
+        return MaskedTextState(batch.token_states, batch.token_mask.bool())
 
     @cached_property
     def vae(self) -> torch.nn.Module:
-        from diffusers import AutoencoderKLWan
-
-        vae = self.source.load("vae", AutoencoderKLWan).eval().requires_grad_(False)
+        """The pipeline's VAE, decoding one video at a time (and in spatial tiles with ``vae_tiling``)."""
+        vae = super().vae
         vae.enable_slicing()
         if self.vae_tiling:
             vae.enable_tiling()

@@ -1,4 +1,4 @@
-"""What every family loaded from a diffusers pipeline folder does alike (sd3, flux1)."""
+"""What every family loaded from a diffusers pipeline folder does alike (sd3, flux1, qwen-image)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,18 @@ from typing import Any
 import pytest
 import torch
 from tiny_flux1_pipeline import load_flux1_adapter
+from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.errors import FlowpostError
 
 PROMPTS = ["a red cat", "a blue dog on a car"]
-LOADERS = {"sd3": (load_sd3_adapter, "sd3_pipeline_dir"), "flux1": (load_flux1_adapter, "flux1_pipeline_dir")}
+LOADERS = {
+    "sd3": (load_sd3_adapter, "sd3_pipeline_dir"),
+    "flux1": (load_flux1_adapter, "flux1_pipeline_dir"),
+    "qwen-image": (load_qwen_image_adapter, "qwen_image_pipeline_dir"),
+}
 
 
 @pytest.fixture(params=sorted(LOADERS))
@@ -65,6 +70,7 @@ def test_vae_round_trip_shapes(load: Any) -> None:
     [
         *[("sd3", c) for c in ("transformer", "vae", "text_encoder_3")],
         *[("flux1", c) for c in ("transformer", "scheduler", "vae", "text_encoder_2")],
+        *[("qwen-image", c) for c in ("transformer", "vae", "text_encoder", "tokenizer")],
     ],
 )
 def test_a_missing_component_names_itself_and_the_folder(
@@ -78,3 +84,39 @@ def test_a_missing_component_names_itself_and_the_folder(
         adapter.decode(torch.randn(len(PROMPTS), *adapter.latent_shape, generator=torch.Generator().manual_seed(0)))
         adapter.encode_conditions(PROMPTS)
     assert f"{component!r}" in str(info.value) and str(folder) in str(info.value)
+
+
+def _same_weights(module: torch.nn.Module, other: torch.nn.Module) -> bool:
+    mine, theirs = module.state_dict(), other.state_dict()
+    return mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_component_folders_replace_the_pipelines_own(load: Any, tmp_path: Path) -> None:
+    tuned = load()
+    with torch.no_grad():
+        for param in tuned.module().parameters():
+            param.add_(0.01)
+    tuned.module().save_pretrained(tmp_path / "transformer")
+    vae = load().vae
+    with torch.no_grad():
+        for param in vae.parameters():
+            param.mul_(1.1)
+    vae.save_pretrained(tmp_path / "vae")
+    adapter = load(components={"transformer": str(tmp_path / "transformer"), "vae": str(tmp_path / "vae")})
+    assert _same_weights(adapter.module(), tuned.module()) and _same_weights(adapter.vae, vae)
+    assert not _same_weights(adapter.module(), load().module())
+    adapter.save_pipeline(tmp_path / "export")  # the exported pipeline holds the replacing VAE
+    assert _same_weights(type(vae).from_pretrained(tmp_path / "export" / "vae"), vae)
+    assert adapter.source.fingerprint() != load().source.fingerprint()
+
+
+def test_a_missing_or_mismatched_component_folder_names_it_and_the_folder(load: Any, tmp_path: Path) -> None:
+    folder = Path(load().source.path)
+    with pytest.raises(FlowpostError, match=r"'transformer' component does not exist") as missing:
+        load(components={"transformer": str(tmp_path / "nowhere")})
+    assert str(tmp_path / "nowhere") in str(missing.value)
+    with pytest.raises(FlowpostError, match=r"'transformer' component holds a AutoencoderKL\w*, but") as mismatched:
+        load(components={"transformer": str(folder / "vae")})
+    assert str(folder / "vae") in str(mismatched.value) and "model.components.transformer" in str(mismatched.value)
+    with pytest.raises(FlowpostError, match=r"model\.components names 'transfomer'.*its components: .*transformer"):
+        load(components={"transfomer": str(folder / "transformer")})

@@ -189,3 +189,26 @@ def test_save_and_load_keep_the_merged_weights_and_video_options(adapter, wan2_p
     assert (loaded.height, loaded.width, loaded.num_frames, loaded.fps) == (HEIGHT, WIDTH, FRAMES, 8)
     torch.testing.assert_close(_velocity(loaded), _velocity(tuned), rtol=0, atol=1e-5)
     assert not torch.allclose(_velocity(loaded), _velocity(adapter))
+
+
+def test_component_folders_replace_the_transformer_and_the_video_vae(adapter, wan2_pipeline_dir, tmp_path) -> None:
+    tuned = _load(wan2_pipeline_dir)
+    with torch.no_grad():
+        for param in tuned.module().parameters():
+            param.add_(0.01)
+    tuned.module().save_pretrained(tmp_path / "transformer")
+    vae = _load(wan2_pipeline_dir).vae
+    with torch.no_grad():
+        for param in vae.parameters():
+            param.mul_(1.1)
+    vae.save_pretrained(tmp_path / "vae")
+    replaced = _load(
+        wan2_pipeline_dir, components={"transformer": str(tmp_path / "transformer"), "vae": str(tmp_path / "vae")}
+    )
+    torch.testing.assert_close(_velocity(replaced), _velocity(tuned), rtol=0, atol=0)
+    assert not torch.allclose(_velocity(replaced), _velocity(adapter))
+    assert replaced.vae.use_slicing and all(
+        torch.equal(a, b) for a, b in zip(replaced.vae.parameters(), vae.parameters(), strict=True)
+    )
+    with pytest.raises(FlowpostError, match=r"'vae' component holds a WanTransformer3DModel, but"):
+        _load(wan2_pipeline_dir, components={"vae": str(tmp_path / "transformer")}).decode(_noise(adapter))

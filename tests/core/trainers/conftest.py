@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
+from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
+from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH, load_wan2_adapter
 
@@ -116,6 +118,15 @@ def wan2_data_dirs(tmp_path_factory: pytest.TempPathFactory, wan2_pipeline_dir: 
     encode = load_wan2_adapter(wan2_pipeline_dir).encode_conditions
     shape = (3, FRAMES, HEIGHT, WIDTH)
     return write_stage_data(tmp_path_factory.mktemp("wan2-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def qwen_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, qwen_image_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The demonstrations as RGB images at the tiny Qwen-Image resolution, their prompts encoded by its adapter
+    (rows of different lengths, padded and masked)."""
+    encode = load_qwen_image_adapter(qwen_image_pipeline_dir).encode_conditions
+    shape = (3, QWEN_IMAGE_RESOLUTION, QWEN_IMAGE_RESOLUTION)
+    return write_stage_data(tmp_path_factory.mktemp("qwen-image-data"), image_shape=shape, encode=encode)
 
 
 def _registered_name(cls: type) -> str:
