@@ -101,7 +101,11 @@ def test_dvc_tracks_the_prompt_path_as_a_dependency(tiny_pipeline, tmp_path: Pat
             "stages.sft.data.prompts",
             "reads a dataset, not prompts",
         ),
-        (lambda c: c["evaluate"].update(dataset="prompts"), "evaluate.dataset", "held-out images"),
+        (
+            lambda c: c["evaluate"].update(dataset="prompts"),
+            "evaluate.metrics",
+            "name the metrics for dataset 'prompts'",
+        ),
         (
             lambda c: c["stages"]["sft"]["data"].update(dataset="prompts", conditions="rl"),
             "stages.sft.data.dataset",

@@ -44,13 +44,15 @@ def test_a_manifest_that_is_not_an_object_makes_the_node_run_again(tmp_path: Pat
     assert "acquire.digits" in result.output and "run" in result.output
 
 
-def test_a_prefect_server_that_does_not_answer_is_named_before_a_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_prefect_server_that_does_not_answer_is_named_before_a_run() -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
-    with pytest.raises(FlowpostError, match="does not answer") as raised:
-        check_prefect_api()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+        with pytest.raises(FlowpostError, match="does not answer") as raised:
+            check_prefect_api()
     assert raised.value.where == "PREFECT_API_URL"
 
 

@@ -310,6 +310,13 @@ class ModelConfig(PretrainedOptions):
         "gradient_checkpointing; flux1: resolution, distilled_guidance; qwen-image: resolution, cfg_norm)",
     )
 
+    @field_validator("transformer", "options")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if bad := non_finite_keys(value):
+            raise ValueError(f"{', '.join(bad)} is not a finite number; give a finite value")
+        return value
+
     @model_validator(mode="after")
     def _fallback_needs_previous(self) -> ModelConfig:
         if self.init != "previous" and self.fallback != "scratch":

@@ -164,7 +164,8 @@ def test_the_pipeline_builds_both_rewards_by_name(clip_dir: Path, tmp_path: Path
         RewardConfig(name="pickscore", weight=0.5, options={"model": str(clip_dir), "processor": str(clip_dir)}),
     ]
     rewards = build_rewards(configs, SimpleNamespace(stage="grpo"), SimpleNamespace(assets_dir=tmp_path))
-    assert [(type(reward), weight) for reward, weight in rewards.components] == [(ClipScore, 1.0), (PickScore, 0.5)]
+    built = [(type(selection.reward), weight) for selection, weight in rewards.components]  # each in its FrameSelection
+    assert built == [(ClipScore, 1.0), (PickScore, 0.5)]
     output = rewards(_digits(3), PROMPTS, [{}] * 3)
     torch.testing.assert_close(output.total, output.components["clip_score"] + 0.5 * output.components["pickscore"])
 

@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
@@ -17,6 +16,8 @@ from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.optimizers import OptimizerConfig, build_role_optimizer, muon_groups
 from flowpost.core.trainers.role_plan import RoleUpdatePlan
 from flowpost.errors import FlowpostError
+
+TINY_NETWORK = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 
 
 def _pipeline(tiny_pipeline, **dmd2):
@@ -85,7 +86,7 @@ def test_a_trainer_declaring_bad_roles_fails_at_definition(roles, message):
 
 
 def test_variants_start_equal_are_separate_and_are_not_snapshots():
-    adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY)
+    adapter = TinySD3Adapter.from_scratch(seed=0, overrides=TINY_NETWORK)
     base = adapter.module()
     adapter.add_component_variants([GENERATOR, FAKE_SCORE])
     fake = adapter.variants.module(FAKE_SCORE)
@@ -126,7 +127,7 @@ def test_a_trainer_missing_a_role_optimizer_names_the_section(make_trainer, tmp_
 
 
 def test_muon_takes_the_2d_weights_and_adamw_the_rest():
-    network = TinySD3Adapter.from_scratch(seed=0, overrides=TINY).module()
+    network = TinySD3Adapter.from_scratch(seed=0, overrides=TINY_NETWORK).module()
     named = list(network.named_parameters())
     matrices, rest = muon_groups(named)
     assert matrices and rest and all(p.ndim == 2 for p in matrices) and all(p.ndim != 2 for p in rest)

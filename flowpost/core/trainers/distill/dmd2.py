@@ -32,7 +32,7 @@ from flowpost.core.trainers.distill.scores import (
     ScorePair,
 )
 from flowpost.core.trainers.distill.student_states import student_states
-from flowpost.core.trainers.distill.teacher import capture_teacher
+from flowpost.core.trainers.distill.teacher import TEACHER
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import flow_matching_loss, noised
 from flowpost.core.trainers.rl.rollout import Rollout
@@ -70,7 +70,7 @@ class DMD2Trainer(GenerationTrainer):
                 "the few-step generator samples with the ODE over all its steps; set dynamics: ode and no window",
                 where=where,
             )
-        capture_teacher(self.adapter, init_from=self.spec.init_from, stage=self.stage)
+        self.adapter.snapshots.capture(TEACHER, self.adapter.module())  # model.init is checked at load
         self.scores = ScorePair(self.adapter, self.args.real_guidance)
         self.plan = RoleUpdatePlan(((FAKE_SCORE, self.args.ttur), (GENERATOR, 1)))
         conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
