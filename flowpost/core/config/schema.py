@@ -629,8 +629,9 @@ class PipelineConfig(StrictModel):
                     )
         for name, dataset in self.datasets.items():
             if dataset.trajectories is not None:
-                errors += self._trajectory_problems(name, dataset.trajectories)
-        errors += self._sampled_pairs_problems()
+                errors += self._sampled_dataset_problems(f"datasets.{name}.trajectories", dataset.trajectories)
+            if dataset.sample is not None:
+                errors += self._sampled_dataset_problems(f"datasets.{name}.sample", dataset.sample)
         earlier: list[str] = []
         for name, stage in self.stages.items():
             if name in INIT_KEYWORDS:
@@ -697,54 +698,30 @@ class PipelineConfig(StrictModel):
             return [("evaluate.dataset", f"dataset {name!r} holds nothing out; set datasets.{name}.split.eval")]
         return []
 
-    def _trajectory_problems(self, name: str, config: TrajectoriesConfig) -> list[tuple[str, str]]:
-        """A teacher stage, prompt set or cache that does not exist, or a cache that lacks the prompts."""
-        where = f"datasets.{name}.trajectories"
+    def _sampled_dataset_problems(
+        self, where: str, sampled: TrajectoriesConfig | SampledPairsConfig
+    ) -> list[tuple[str, str]]:
+        """A dataset sampled from a finished stage (``where``: its trajectories or sample block): the stage,
+        the prompt dataset (not itself sampled) and the condition cache must exist, the cache must encode
+        those prompts."""
         errors = []
-        if config.stage not in self.stages:
-            errors.append((f"{where}.stage", _unknown("stage", config.stage, self.stages)))
-        prompts = self.datasets.get(config.prompts)
-        if prompts is None or prompts.source == TRAJECTORIES:
-            others = [n for n, d in self.datasets.items() if d.source != TRAJECTORIES]
-            errors.append((f"{where}.prompts", _unknown("prompt dataset", config.prompts, others)))
-        cache = self.conditions.get(config.conditions)
+        if sampled.stage not in self.stages:
+            errors.append((f"{where}.stage", _unknown("stage", sampled.stage, self.stages)))
+        prompts = self.datasets.get(sampled.prompts)
+        if prompts is None or prompts.source in SAMPLED_SOURCES:
+            others = [n for n, d in self.datasets.items() if d.source not in SAMPLED_SOURCES]
+            errors.append((f"{where}.prompts", _unknown("prompt dataset", sampled.prompts, others)))
+        cache = self.conditions.get(sampled.conditions)
         if cache is None:
-            errors.append((f"{where}.conditions", _unknown("conditions", config.conditions, self.conditions)))
-        elif prompts is not None and config.prompts not in cache.datasets:
+            errors.append((f"{where}.conditions", _unknown("conditions", sampled.conditions, self.conditions)))
+        elif prompts is not None and sampled.prompts not in cache.datasets:
             errors.append(
                 (
                     f"{where}.conditions",
-                    f"cache {config.conditions!r} does not encode dataset {config.prompts!r}; "
-                    f"add it to conditions.{config.conditions}.datasets",
+                    f"cache {sampled.conditions!r} does not encode dataset {sampled.prompts!r}; "
+                    f"add it to conditions.{sampled.conditions}.datasets",
                 )
             )
-        return errors
-
-    def _sampled_pairs_problems(self) -> list[tuple[str, str]]:
-        """A sampled-pairs dataset's stage, prompt dataset and condition cache must exist, and the cache
-        must encode those prompts."""
-        errors = []
-        for name, dataset in self.datasets.items():
-            sample, where = dataset.sample, f"datasets.{name}.sample"
-            if sample is None:
-                continue
-            if sample.stage not in self.stages:
-                errors.append((f"{where}.stage", _unknown("stage", sample.stage, self.stages)))
-            prompts = self.datasets.get(sample.prompts)
-            if prompts is None or prompts.sample is not None:
-                sources = [n for n, d in self.datasets.items() if d.sample is None]
-                errors.append((f"{where}.prompts", _unknown("dataset of prompts", sample.prompts, sources)))
-            cache = self.conditions.get(sample.conditions)
-            if cache is None:
-                errors.append((f"{where}.conditions", _unknown("conditions", sample.conditions, self.conditions)))
-            elif prompts is not None and sample.prompts not in cache.datasets:
-                errors.append(
-                    (
-                        f"{where}.conditions",
-                        f"cache {sample.conditions!r} does not encode dataset {sample.prompts!r}; "
-                        f"add it to conditions.{sample.conditions}.datasets",
-                    )
-                )
         return errors
 
     def _data_problems(self, name: str, data: DataRef) -> list[tuple[str, str]]:
