@@ -204,9 +204,7 @@ class DatasetConfig(StrictModel):
             raise ValueError(f"'trajectories' is required for source {TRAJECTORIES!r}, and only for it")
         if (self.source == SAMPLED_PAIRS) != (self.sample is not None):
             raise ValueError(f"'sample' is required for source {SAMPLED_PAIRS!r}, and only for it")
-        own = SOURCE_FIELDS[self.source]
-        always = ("source",) if self.source in SAMPLED_SOURCES else ALWAYS
-        unused = [n for n in type(self).model_fields if n in self.model_fields_set and n not in (*always, *own)]
+        unused = [n for n in type(self).model_fields if n in self.model_fields_set and n not in self._read_fields()]
         if unused:
             users = sorted({s for n in unused for s, fields in SOURCE_FIELDS.items() if n in fields})
             raise ValueError(
@@ -217,8 +215,12 @@ class DatasetConfig(StrictModel):
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """Each source's own fields only, so the digits and prompt-files keep their params and fingerprints."""
-        own = (*(("source",) if self.source in SAMPLED_SOURCES else ALWAYS), *SOURCE_FIELDS[self.source])
+        own = self._read_fields()
         return {name: value for name, value in handler(self).items() if name in own}
+
+    def _read_fields(self) -> tuple[str, ...]:
+        """The fields this dataset's source reads (a sampled dataset has no path and no split seed)."""
+        return (*(("source",) if self.source in SAMPLED_SOURCES else ALWAYS), *SOURCE_FIELDS[self.source])
 
 
 PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype", "components")
