@@ -62,6 +62,22 @@ class PreferencePairDataset(Dataset):
         }
 
 
+class CachedLatents(Dataset):
+    """A dataset read from a latent cache: each arm (``image``, or ``chosen`` and ``rejected``) comes as
+    ``<arm>_latents``, so trainers use it as the model's latent instead of encoding the media."""
+
+    def __init__(self, dataset: MapDataset, arms: tuple[str, ...]) -> None:
+        self.dataset = dataset
+        self.arms = arms
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = self.dataset[index]
+        return {**item, **{f"{arm}_latents": item.pop(arm) for arm in self.arms}}
+
+
 def epoch_batches(
     num_samples: int,
     *,

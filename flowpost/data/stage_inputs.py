@@ -11,8 +11,9 @@ from flowpost.core.io import read_json, sha256_file
 from flowpost.core.trainers.inputs import ConditionTable, StageInputs
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.condition_cache import load_condition_table
-from flowpost.data.loaders import DemonstrationDataset, FiniteLoader, PreferencePairDataset
-from flowpost.data.shards import is_pair_manifest, read_pair_shards, read_shards
+from flowpost.data.latent_cache import latent_cache_manifest, read_latent_cache
+from flowpost.data.loaders import CachedLatents, DemonstrationDataset, FiniteLoader, PreferencePairDataset
+from flowpost.data.shards import PAIR_ARMS, is_pair_manifest, read_pair_shards, read_shards
 from flowpost.errors import FlowpostError
 
 PROMPTS_FILE = "prompts.jsonl"  # what a prompt-files acquisition writes
@@ -33,6 +34,14 @@ def _preference_loader(train_dir: Path, manifest: dict[str, Any], **layout: Any)
     return FiniteLoader(PreferencePairDataset(read_pair_shards(train_dir, manifest)), **layout)
 
 
+def _latent_loader(latents_dir: Path, train_dir: Path, **layout: Any) -> FiniteLoader:
+    """The finite loader over a latent cache of the dataset (checked against it), batches of ``<arm>_latents``."""
+    manifest, records = read_latent_cache(latents_dir, train_dir)
+    if is_pair_manifest(manifest):
+        return FiniteLoader(CachedLatents(PreferencePairDataset(records), PAIR_ARMS), **layout)
+    return FiniteLoader(CachedLatents(DemonstrationDataset(records), ("image",)), **layout)
+
+
 def load_stage_inputs(spec: StageSpec) -> StageInputs:
     """Conditions, the training demonstrations or preference pairs, the prompt pool and assets named by ``spec``."""
     inputs = StageInputs()
@@ -45,10 +54,16 @@ def load_stage_inputs(spec: StageSpec) -> StageInputs:
             inputs.prompts = read_prompt_set(dataset_dir)
         else:
             manifest = read_json(train_dir / "manifest.json", what="dataset manifest")
-            if is_pair_manifest(manifest):
-                inputs.preferences = partial(_preference_loader, train_dir, manifest)
+            if spec.latents_dir is not None:
+                loader = partial(_latent_loader, Path(spec.latents_dir), train_dir)
+                inputs.latent_codec = latent_cache_manifest(Path(spec.latents_dir))["codec_fingerprint"]
             else:
-                inputs.demonstrations = partial(_demonstration_loader, train_dir, manifest)
+                media = _preference_loader if is_pair_manifest(manifest) else _demonstration_loader
+                loader = partial(media, train_dir, manifest)
+            if is_pair_manifest(manifest):
+                inputs.preferences = loader
+            else:
+                inputs.demonstrations = loader
             inputs.prompts = _labelled_prompts(train_dir, manifest)
             inputs.assets_dir = dataset_dir / "assets"
             trajectory = manifest.get("trajectory") if isinstance(manifest, dict) else None

@@ -19,6 +19,7 @@ from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.optimizers import OptimizerConfig
 from flowpost.core.trainers.registry import arguments_class
+from flowpost.errors import FlowpostError
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
 Name = Field(pattern=NAME_PATTERN)
@@ -281,6 +282,42 @@ class ConditionsConfig(StrictModel):
         return data
 
 
+class CodecModelConfig(PretrainedOptions):
+    """The model family whose output codec (VAE, or identity in pixel space) fills a latent cache."""
+
+    family: str = "tiny-sd3"
+    pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="with pretrained: the family's options, as the stage's model.options"
+    )
+
+    @model_validator(mode="after")
+    def _options_need_pretrained(self) -> CodecModelConfig:
+        unused = [name for name in PRETRAINED_OPTIONS if getattr(self, name) is not None]
+        if self.pretrained is None and (unused or self.options):
+            names = [*unused, *(["options"] if self.options else [])]
+            raise ValueError(f"{', '.join(names)} apply only with pretrained; set pretrained or remove them")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if not self.options:
+            data.pop("options", None)
+        return self._without_unset(data)
+
+
+class LatentsConfig(StrictModel):
+    """A dataset's media encoded once by a family's output codec (its VAE's posterior mean), so that SFT and
+    offline DPO stages read latents instead of encoding every step (``data.latents``)."""
+
+    dataset: str = Field(
+        description="a dataset of demonstrations or preference pairs, with deterministic preprocessing"
+    )
+    model: CodecModelConfig = Field(default_factory=CodecModelConfig)
+    batch_size: int = Field(32, ge=1, description="items per codec forward pass (does not change the latents)")
+
+
 class LoraConfig(StrictModel):
     """Train low-rank adapters instead of every weight; exports merge them into the weights."""
 
@@ -351,6 +388,15 @@ class DataRef(StrictModel):
     dataset: str
     conditions: str
     prompts: str | None = Field(None, description="a prompt-files dataset whose prompts generating trainers roll out")
+    latents: str | None = Field(None, description="a latent cache (latents.<name>) of the dataset, read instead of it")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``latents`` only when set, so stages without a latent cache keep their params."""
+        data = handler(self)
+        if self.latents is None:
+            data.pop("latents", None)
+        return data
 
 
 class EMAConfig(StrictModel):
@@ -602,13 +648,24 @@ class PipelineConfig(StrictModel):
     smoke: bool = False
     datasets: dict[Key, DatasetConfig] = Field(min_length=1)
     conditions: dict[Key, ConditionsConfig] = Field(default_factory=dict)
+    latents: dict[Key, LatentsConfig] = Field(default_factory=dict)
     stages: dict[Key, StageConfig] = Field(min_length=1)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     export: ExportConfig | None = None
 
+    @model_serializer(mode="wrap")
+    def _omit_no_latents(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``latents`` only when a cache is declared, so pipelines without one keep their params."""
+        data = handler(self)
+        if not self.latents:
+            data.pop("latents", None)
+        return data
+
     @model_validator(mode="after")
     def _references(self) -> PipelineConfig:
         errors: list[tuple[str, str]] = []
+        for name, latents in self.latents.items():
+            errors += _latents_problems(name, latents, self.datasets)
         for name, cond in self.conditions.items():
             for i, ds in enumerate(cond.datasets):
                 if ds not in self.datasets:
@@ -640,6 +697,7 @@ class PipelineConfig(StrictModel):
                 errors.append((f"stages.{name}", f"{name!r} is reserved for model.init; rename the stage"))
             if stage.data is not None:
                 errors += self._data_problems(name, stage.data)
+                errors += self._latent_reader_problems(name, stage)
                 read = self.datasets.get(stage.data.dataset)
                 sampled = read.trajectories if read is not None else None
                 if sampled is not None and sampled.stage not in earlier:
@@ -758,6 +816,62 @@ class PipelineConfig(StrictModel):
                     )
                 )
         return errors
+
+    def _latent_reader_problems(self, name: str, stage: StageConfig) -> list[tuple[str, str]]:
+        """A stage's ``data.latents``: a declared cache of the stage's dataset, filled by the stage's family
+        (and pipeline), read by a trainer that encodes dataset media."""
+        key = stage.data.latents if stage.data is not None else None
+        if key is None or stage.data is None:
+            return []
+        where = f"stages.{name}.data.latents"
+        cache = self.latents.get(key)
+        if cache is None:
+            return [(where, _unknown("latents", key, self.latents))]
+        errors = []
+        if cache.dataset != stage.data.dataset:
+            errors.append(
+                (
+                    where,
+                    f"cache {key!r} encodes dataset {cache.dataset!r}, not {stage.data.dataset!r}; point "
+                    f"latents.{key}.dataset at {stage.data.dataset!r} or read another cache",
+                )
+            )
+        codec, model = cache.model, stage.model
+        if codec.family != model.family or (model.pretrained is not None and codec.pretrained != model.pretrained):
+            errors.append(
+                (
+                    where,
+                    f"cache {key!r} was encoded by {codec.family!r} ({codec.pretrained or 'no pipeline'}), the "
+                    f"stage trains {model.family!r} ({model.pretrained or 'no pipeline'}); set latents.{key}.model to "
+                    "the stage's family and pretrained",
+                )
+            )
+        try:
+            reads = stage.arguments().reads_latents
+        except (FlowpostError, ValueError):  # an unknown trainer or bad arguments: reported where they are checked
+            reads = True
+        if not reads:
+            errors.append((where, f"trainer {stage.trainer!r} encodes no dataset media; remove data.latents"))
+        return errors
+
+
+def _latents_problems(name: str, latents: LatentsConfig, datasets: dict[str, DatasetConfig]) -> list[tuple[str, str]]:
+    """The cache ``latents.<name>`` needs a dataset of media whose preprocessing is deterministic."""
+    where = f"latents.{name}"
+    dataset = datasets.get(latents.dataset)
+    if dataset is None:
+        return [(f"{where}.dataset", _unknown("dataset", latents.dataset, datasets))]
+    if dataset.source in ("prompt-files", TRAJECTORIES):
+        return [(f"{where}.dataset", f"dataset {latents.dataset!r} ({dataset.source}) holds no media to encode")]
+    if dataset.source in IMAGE_SOURCES and dataset.preprocess.crop == "random":
+        return [
+            (
+                f"datasets.{latents.dataset}.preprocess.crop",
+                f"{where} caches this dataset once, so its preprocessing must be "
+                "deterministic; set crop: center (or read the dataset without data.latents)",
+            )
+        ]
+    return []
 
 
 def _before(stages: dict[str, StageConfig], first: str, second: str) -> bool:

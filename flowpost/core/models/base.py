@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
+from flowpost.core.io import sha256_json
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.text_encoders import ConditionEncoder
 from flowpost.core.roles import ComponentVariants
@@ -142,6 +143,11 @@ class ModelAdapter(ABC):
     @abstractmethod
     def decode(self, latents: Tensor) -> Tensor:
         """Latents to media in [0, 1]."""
+
+    def codec_fingerprint(self) -> str:
+        """Identifies what ``encode_output_state`` computes, as a latent cache records it: the family and its
+        output codec (families with a VAE add its weights)."""
+        return sha256_json({"family": self.family, "codec": getattr(self, "output_codec", type(self).__name__)})
 
     def velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
         """One conditional velocity prediction in the latents' dtype; ``sigma`` is a scalar or per-sample [B].

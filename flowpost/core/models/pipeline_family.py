@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch
-from flowpost.core.io import read_json
+from flowpost.core.io import read_json, sha256_json
 from flowpost.core.models.base import ADAPTER_FILE
 from flowpost.core.models.lora import without_lora
 from flowpost.core.models.pipeline_prompts import PipelinePrompts
@@ -156,6 +156,20 @@ class PipelineFamily(TransformerAdapter):
         import diffusers
 
         return self.source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
+
+    def codec_fingerprint(self) -> str:
+        """The family, its codec, the VAE's files, the dtype they load in and the family's options (its
+        resolution or frame count shape the latents)."""
+        options = {name: getattr(self, name) for name in self.options}
+        return sha256_json(
+            {
+                "family": self.family,
+                "codec": self.output_codec,
+                "vae": self.source.component_fingerprint("vae"),
+                "torch_dtype": self.source.torch_dtype,
+                "options": options,
+            }
+        )
 
     def vae_encode(self, media: Tensor) -> Tensor:
         """Media in [0, 1] to latents: the VAE posterior's mean, then ``(x - shift) * scale``."""

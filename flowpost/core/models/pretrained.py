@@ -134,6 +134,17 @@ class PretrainedSource:
             _digest_folder(digest, Path(folder))
         return digest.hexdigest()
 
+    def component_fingerprint(self, name: str) -> str:
+        """Identifies component ``name`` alone: its folder's files (the pipeline's subfolder, or the folder
+        replacing it), or the hub id at its revision."""
+        digest = hashlib.sha256()
+        folder = Path(self.components.get(name) or Path(self.path) / name)
+        if folder.is_dir():
+            _digest_folder(digest, folder)
+        else:
+            digest.update(f"hub\0{self.path}\0{self.revision or 'main'}\0{name}".encode())
+        return digest.hexdigest()
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

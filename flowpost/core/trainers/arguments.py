@@ -24,6 +24,7 @@ class TrainerArguments(StrictModel):
 
     execution_contract: ClassVar[ExecutionContract]
     paradigm: ClassVar[Paradigm]
+    reads_latents: ClassVar[bool] = False  # encodes dataset media, so a latent cache (data.latents) may replace them
 
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)

@@ -27,6 +27,7 @@ class DatasetTrainer(BaseTrainer):
     arguments_base: ClassVar[type[DatasetArguments]] = DatasetArguments
     args: DatasetArguments
     _micro_index = 0
+    _codec_checked = False
 
     @abstractmethod
     def build_loader(self) -> BatchLoader:
@@ -48,6 +49,27 @@ class DatasetTrainer(BaseTrainer):
         """Global indices, within the current optimizer step, of this rank's micro-batch rows."""
         base = self._micro_index * self.args.batch_size + self.accelerator.process_index * local_batch_size
         return list(range(base, base + local_batch_size))
+
+    def clean_latents(self, batch: dict[str, Any], arm: str) -> torch.Tensor:
+        """The clean latents of the batch's ``arm`` (``image``, ``chosen``, ``rejected``) on the device: the
+        latent cache's (``<arm>_latents``) when the stage reads one, else the media encoded now."""
+        cached = batch.get(f"{arm}_latents")
+        if cached is None:
+            return self.adapter.encode_output_state(batch[arm].to(self.accelerator.device))
+        if not self._codec_checked:
+            self._check_latent_codec()
+        return cached.to(self.accelerator.device)
+
+    def _check_latent_codec(self) -> None:
+        """Refuse a latent cache that another codec (family, VAE weights or options) filled."""
+        if self.inputs.latent_codec != self.adapter.codec_fingerprint():
+            raise FlowpostError(
+                f"the latent cache {self.spec.latents_dir} was encoded by another codec than this stage's "
+                f"{self.adapter.family!r} model (another family, VAE or options); set the cache's model to the "
+                "stage's family, pipeline and options and re-run the latents node",
+                where=f"stages.{self.stage}.data.latents",
+            )
+        self._codec_checked = True
 
     def _run_cycles(self, budget: int) -> None:
         loader = self.build_loader()

@@ -53,12 +53,14 @@ LoaderFactory = Callable[..., BatchLoader]
 @dataclass
 class StageInputs:
     """Data of one stage: conditions, demonstrations or preference pairs (as loader factories), prompts,
-    assets; with a ``teacher-trajectories`` dataset the sigmas its records' states sit at."""
+    assets; with a ``teacher-trajectories`` dataset the sigmas its records' states sit at; with a latent
+    cache the fingerprint of the codec that filled it (its batches hold ``<arm>_latents``)."""
 
     conditions: ConditionTable | None = None
     demonstrations: LoaderFactory | None = None
     preferences: LoaderFactory | None = None
     trajectory_sigmas: list[float] | None = None
+    latent_codec: str | None = None
     prompts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     assets_dir: Path | None = None
 

@@ -23,6 +23,7 @@ class StageSpec:
     dataset_dir: str | None = None
     prompts_dir: str | None = None  # a prompt-files dataset replacing the dataset's rollout prompts
     conditions_dir: str | None = None
+    latents_dir: str | None = None  # a latent cache of the dataset, read instead of its media
     encoder_fingerprint: str | None = None
     init_from: str | None = None
     resume: bool = True

@@ -139,7 +139,8 @@ def _registered_name(cls: type) -> str:
 def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     """``make_trainer(out, cls=SFTTrainer, resume=True, callbacks={...}, listeners={}, lora_rank=None, **train_args)``.
 
-    ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data;
+    ``adapter`` and ``dirs`` (dataset and condition cache folders) replace the tiny model and its data,
+    ``latents`` names a latent cache of that dataset to read instead of its media;
     ``init_from`` is the spec's starting weights (distillation and offline DPO need one: their teacher or
     reference is the init weights; the adapter is still the one given or built here).
 
@@ -163,6 +164,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         dirs: tuple[Path, Path] | None = None,
         optimizers: dict[str, dict[str, Any]] | None = None,
         init_from: str | Path | None = None,
+        latents: Path | None = None,
         **args: Any,
     ) -> BaseTrainer:
         dataset_dir, conditions_dir = dirs or data_dirs
@@ -173,6 +175,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             output_dir=str(out),
             dataset_dir=str(dataset_dir),
             conditions_dir=str(conditions_dir),
+            latents_dir=None if latents is None else str(latents),
             encoder_fingerprint=FINGERPRINT,
             init_from=None if init_from is None else str(init_from),
             resume=resume,

@@ -31,6 +31,7 @@ class OfflineDPOArguments(DatasetArguments):
     """``train:`` of an offline DPO stage; ``batch_size`` counts pairs (two images each)."""
 
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    reads_latents: ClassVar[bool] = True
 
     beta: float = Field(1000.0, gt=0, description="DPO scale; the losses use beta / 2 (Diffusion-DPO convention)")
     loss_type: LossType = "sigmoid"
@@ -41,9 +42,9 @@ class OfflineDPOArguments(DatasetArguments):
 class OfflineDPOTrainer(DatasetTrainer):
     """Diffusion-DPO over a finite set of (prompt, chosen, rejected) records, one data epoch per pass.
 
-    Conditions come from the cache; both images are encoded on demand and noised with the same noise
-    and noise level, addressed by (seed, stage, optimizer step, pair index). The reference is the
-    ``ref`` snapshot of the weights the stage starts from, so the stage must start from trained
+    Conditions come from the cache; both images are encoded on demand (or read from a latent cache) and
+    noised with the same noise and noise level, addressed by (seed, stage, optimizer step, pair index).
+    The reference is the ``ref`` snapshot of the weights the stage starts from, so the stage must start from trained
     weights (an earlier stage or ``model.pretrained``). Training runs the conditional model.
     """
 
@@ -73,8 +74,8 @@ class OfflineDPOTrainer(DatasetTrainer):
 
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         device, args = self.accelerator.device, self.args
-        chosen = self.adapter.encode_output_state(batch["chosen"].to(device))
-        rejected = self.adapter.encode_output_state(batch["rejected"].to(device))
+        chosen = self.clean_latents(batch, "chosen")
+        rejected = self.clean_latents(batch, "rejected")
         address = {
             "seed": self.spec.seed,
             "stage": self.stage,

@@ -22,6 +22,7 @@ class SFTArguments(DatasetArguments):
     """``train:`` of an SFT stage."""
 
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    reads_latents: ClassVar[bool] = True
 
     logit_mean: float = 0.0
     logit_std: float = Field(1.0, gt=0)
@@ -54,7 +55,7 @@ class SFTTrainer(DatasetTrainer):
 
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         device = self.accelerator.device
-        x0 = self.adapter.encode_output_state(batch["image"].to(device))
+        x0 = self.clean_latents(batch, "image")
         n = x0.shape[0]
         address = {
             "seed": self.spec.seed,
