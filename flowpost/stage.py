@@ -92,7 +92,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
             source = PretrainedSource(
                 model.pretrained, model.revision, model.variant, model.torch_dtype, model.components or {}
             )
-            adapter = _from_pipeline(cls, source, model.options, where=f"stages.{spec.stage}")
+            adapter = pipeline_adapter(cls, source, model.options, where=f"stages.{spec.stage}")
         else:
             adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
     encoder = spec.extra.get("encoder") or {}
@@ -116,7 +116,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     return adapter
 
 
-def _from_pipeline(cls: type[ModelAdapter], source: PretrainedSource, options: dict, *, where: str) -> ModelAdapter:
+def pipeline_adapter(cls: type[ModelAdapter], source: PretrainedSource, options: dict, *, where: str) -> ModelAdapter:
     """``cls.from_pipeline`` with the family's ``model.options``; an unknown or bad option names its path."""
     if unknown := sorted(set(options) - set(cls.options)):
         accepted = ", ".join(cls.options) or "none"

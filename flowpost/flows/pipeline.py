@@ -23,7 +23,7 @@ from flowpost.tasks.interrupts import stop_run_on_signals
 from flowpost.tasks.runner import NodeResult, PipelineRun
 from flowpost.tasks.workspace_lock import workspace_lock
 
-HEAVY_KINDS = (NodeKind.TRAIN, NodeKind.EVAL)
+HEAVY_KINDS = (NodeKind.TRAIN, NodeKind.EVAL, NodeKind.LATENTS)
 
 
 def progress_bar(done: int, total: int, width: int = 24) -> str:
@@ -35,7 +35,7 @@ def progress_bar(done: int, total: int, width: int = 24) -> str:
 def submission_plan(nodes: dict[str, Any]) -> dict[str, list[str]]:
     """Node id -> the nodes its task waits for, in submission order.
 
-    Each node waits for its dependencies; a heavy node (train, eval) also waits for the heavy
+    Each node waits for its dependencies; a heavy node (train, eval, latents) also waits for the heavy
     node submitted before it, so at most one heavy node runs at a time while light nodes still
     run concurrently.
     """

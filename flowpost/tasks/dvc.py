@@ -43,6 +43,8 @@ def _params(node: Node, pipeline: PipelineConfig) -> list[str]:
         return [*common, f"datasets.{node.key}"]
     if node.kind is NodeKind.CONDITIONS:
         return [f"conditions.{node.key}"]
+    if node.kind is NodeKind.LATENTS:
+        return [f"latents.{node.key}"]
     if node.kind is NodeKind.TRAIN:
         stage = f"stages.{node.key}"
         keys = [f"{stage}.{k}" for k in node.config if k not in ("seed", "smoke", "callbacks", "launch")]

@@ -20,6 +20,7 @@ class NodeKind(StrEnum):
 
     ACQUIRE = "acquire"
     CONDITIONS = "conditions"
+    LATENTS = "latents"
     TRAIN = "train"
     EVAL = "eval"
     EXPORT = "export"
@@ -75,11 +76,22 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 {**cond.model_dump(mode="json"), "extra_prompts": extra},
             )
         )
+    for name, latents in p.latents.items():
+        nodes.append(
+            Node(
+                f"latents.{name}",
+                NodeKind.LATENTS,
+                name,
+                (f"acquire.{latents.dataset}",),
+                latents.model_dump(mode="json"),
+            )
+        )
     for name, stage in p.stages.items():
         deps = []
         if stage.data is not None:
             deps += [f"acquire.{stage.data.dataset}", f"conditions.{stage.data.conditions}"]
             deps += [f"acquire.{stage.data.prompts}"] if stage.data.prompts else []
+            deps += [f"latents.{stage.data.latents}"] if stage.data.latents else []
         start = stage.model.fallback if stage.model.init == "previous" else stage.model.init
         if start != "scratch":
             deps.append(f"train.{start}")
@@ -159,11 +171,13 @@ def _dependencies_first(nodes: list[Node]) -> list[Node]:
 
 
 def fixed_folder(node: Node, pipeline: PipelineConfig) -> str:
-    """The node's folder in the fixed layout DVC uses (``data/``, ``conditions/``, ``stages/``, ``eval/``)."""
+    """The node's folder in the fixed layout DVC uses (``data/``, ``conditions/``, ``latents/``, ``stages/``,
+    ``eval/``)."""
     key = node.key
     return {
         NodeKind.ACQUIRE: f"data/{key}",
         NodeKind.CONDITIONS: f"conditions/{key}",
+        NodeKind.LATENTS: f"latents/{key}",
         NodeKind.TRAIN: f"stages/{key}",
         NodeKind.EVAL: f"eval/{key}",
         NodeKind.EXPORT: f"stages/{key}/export",

@@ -45,6 +45,7 @@ from flowpost.tasks.graph import (
     reads_promoted,
 )
 from flowpost.tasks.integrity import ATTEMPT, COMPLETE, completed_damage, output_hashes
+from flowpost.tasks.latents import cache_latents
 from flowpost.tasks.promote import (
     judged_against,
     promote_export,
@@ -63,6 +64,7 @@ log = get_logger(__name__)
 PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files dataset's path
 SOURCE_FILES = "source files"  # a source: the media, captions, tables or shards a captioned dataset reads
 PRETRAINED = "pretrained weights"  # a source: the files of a stage's or a cache's model.pretrained folder
+PRETRAINED_KINDS = (NodeKind.TRAIN, NodeKind.CONDITIONS, NodeKind.LATENTS)  # nodes that may load model.pretrained
 PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
 Layout = Literal["content", "fixed"]
 LAYOUTS: tuple[Layout, ...] = ("content", "fixed")
@@ -96,7 +98,7 @@ class PipelineRun:
         encoders a condition cache runs, and the promoted
         export (the one the gate compares with, or the one an ``init: previous`` stage starts from)."""
         found = served_reward_versions(self.pipeline, node.key) if node.kind is NodeKind.TRAIN else {}
-        model = (node.config.get("model") or {}) if node.kind in (NodeKind.TRAIN, NodeKind.CONDITIONS) else {}
+        model = (node.config.get("model") or {}) if node.kind in PRETRAINED_KINDS else {}
         if model.get("pretrained") is not None:
             source = PretrainedSource(
                 model["pretrained"], revision=model.get("revision"), components=model.get("components") or {}
@@ -213,6 +215,7 @@ class PipelineRun:
         stage = self.pipeline.stages[stage_name]
         data, conds = (stage.data.dataset, stage.data.conditions) if stage.data else (None, None)
         prompts = stage.data.prompts if stage.data else None
+        latents = stage.data.latents if stage.data else None
         cond_dir = self.path(f"conditions.{conds}") if conds else None
         return stage_spec(
             self.pipeline,
@@ -220,6 +223,7 @@ class PipelineRun:
             out,
             dataset_dir=self.path(f"acquire.{data}") if data else None,
             prompts_dir=self.path(f"acquire.{prompts}") if prompts else None,
+            latents_dir=self.path(f"latents.{latents}") if latents else None,
             conditions_dir=cond_dir,
             encoder_fingerprint=encoder_fingerprint(cond_dir) if cond_dir else None,
             init_from=self._init_weights(stage.model),
@@ -285,6 +289,13 @@ def _conditions(call: NodeCall) -> dict[str, Any]:
     config = call.run.pipeline.conditions[call.node.key]
     datasets = [call.run.path(f"acquire.{ds}") for ds in config.datasets]
     return cache_conditions(config, datasets, call.out, extra_prompts=call.node.config["extra_prompts"])
+
+
+def _latents(call: NodeCall) -> dict[str, Any]:
+    p, key = call.run.pipeline, call.node.key
+    config = p.latents[key]
+    dataset_dir = call.run.path(f"acquire.{config.dataset}")
+    return cache_latents(config, p.datasets[config.dataset], dataset_dir, call.out, where=f"latents.{key}")
 
 
 def _train(call: NodeCall) -> dict[str, Any]:
@@ -354,6 +365,7 @@ def _report(call: NodeCall) -> dict[str, Any]:
 HANDLERS: dict[NodeKind, Callable[[NodeCall], dict[str, Any]]] = {
     NodeKind.ACQUIRE: _acquire,
     NodeKind.CONDITIONS: _conditions,
+    NodeKind.LATENTS: _latents,
     NodeKind.TRAIN: _train,
     NodeKind.EVAL: _eval,
     NodeKind.EXPORT: _export,
