@@ -29,6 +29,7 @@ import condition_cache
 import core_overhead
 import data_throughput
 import dvc_noop
+import latent_cache
 import orchestration
 import reward_server_load
 import scaling
@@ -49,7 +50,8 @@ PROFILES: dict[str, dict[str, list[str]]] = {
     "full": {
         "core_overhead": ["--sft-steps", "12", "--grpo-iterations", "3", "--rounds", "4"],
         "condition_cache": ["--steps", "12", "--rounds", "4"],
-        "data_throughput": ["--batches", "40", "--steps", "12", "--rounds", "4"],
+        "data_throughput": ["--batches", "40", "--steps", "12", "--rounds", "4", "--items", "200"],
+        "latent_cache": ["--steps", "12", "--rounds", "4"],
         "orchestration": ["--smoke", "--repeats", "2"],
         "dvc_noop": ["--repeats", "2"],
         "scaling": ["--processes", "1", "2", "--steps", "20"],
@@ -58,7 +60,8 @@ PROFILES: dict[str, dict[str, list[str]]] = {
     "quick": {
         "core_overhead": ["--sft-steps", "4", "--grpo-iterations", "3", "--rounds", "2", *SMALL],
         "condition_cache": ["--steps", "4", "--rounds", "2", *SMALL],
-        "data_throughput": ["--batches", "10", "--steps", "4", "--rounds", "2", *SMALL],
+        "data_throughput": ["--batches", "10", "--steps", "4", "--rounds", "2", "--items", "50", *SMALL],
+        "latent_cache": ["--steps", "4", "--rounds", "2", "--batch-size", "4"],
         "orchestration": ["--smoke", "--repeats", "1", *SMALL],
         "dvc_noop": ["--repeats", "1", *SMALL],
         "scaling": ["--processes", "1", "2", "--steps", "10", *SMALL],
@@ -69,6 +72,7 @@ MODULES = {
     "core_overhead": core_overhead,
     "condition_cache": condition_cache,
     "data_throughput": data_throughput,
+    "latent_cache": latent_cache,
     "orchestration": orchestration,
     "dvc_noop": dvc_noop,
     "scaling": scaling,
@@ -114,6 +118,38 @@ def data_section(result: dict[str, Any]) -> list[str]:
         "",
         f"The loader needs {100 * result['ratio']:.2f} % of a training step's time per batch "
         f"(headroom {1 / result['ratio']:.0f}×).",
+        *acquisition_rows(result.get("acquisition") or {}),
+    ]
+
+
+def acquisition_rows(result: dict[str, Any]) -> list[str]:
+    """Acquisition throughput per source (absent from results measured before it was)."""
+    if not result:
+        return []
+    rows = [
+        "",
+        "| acquisition (64x64 PNG, decode to shards) | items | median s | items/s |",
+        "| --- | --- | --- | --- |",
+    ]
+    for source, r in result.items():
+        rows.append(f"| {source} | {r['items']} | {r['median_s']:.2f} | {r['items_per_s']:.0f} |")
+    return rows
+
+
+def latent_section(result: dict[str, Any]) -> list[str]:
+    batch = result["batch_size"]
+    cached, encoded = result["cached_median_s"], result["encoded_median_s"]
+    return [
+        f"{result['family']} family, {result['image_size']}×{result['image_size']} RGB images, VAE "
+        f"{result['vae']}; the cache itself took {result['cache_seconds']:.1f} s for {result['items']} items "
+        f"({result['items'] / result['cache_seconds']:.0f} items/s).",
+        "",
+        "| output latents | median s/step | items/s |",
+        "| --- | --- | --- |",
+        f"| cached (latents.<name>) | {_ms(cached)} | {batch / cached:.1f} |",
+        f"| VAE encode every step | {_ms(encoded)} | {batch / encoded:.1f} |",
+        "",
+        f"Encoding every step is {1 / result['ratio']:.2f}× the cached step time ({result['units']} steps per arm).",
     ]
 
 
@@ -182,6 +218,8 @@ def render(name: str, workspace: Path) -> list[str]:
         return cache_section(result, result["batch_size"])
     if name == "data_throughput":
         return data_section(result)
+    if name == "latent_cache":
+        return latent_section(result)
     if name == "orchestration":
         return orchestration_section(result)
     if name == "dvc_noop":
@@ -194,7 +232,8 @@ def render(name: str, workspace: Path) -> list[str]:
 TITLES = {
     "core_overhead": "Core overhead: flowpost's trainer against a hand-written torch loop",
     "condition_cache": "Condition cache: cached embeddings against encoding prompts every step",
-    "data_throughput": "Data: loader throughput against what training consumes",
+    "data_throughput": "Data: loader throughput against what training consumes; acquisition throughput",
+    "latent_cache": "Latent cache: cached VAE latents against encoding the images every step",
     "orchestration": "Orchestration: the Prefect flow against the same nodes run directly",
     "dvc_noop": "A no-op `dvc repro`",
     "scaling": "Scaling: 1 → 2 processes on CPU",
