@@ -240,6 +240,13 @@ class PretrainedOptions(StrictModel):
         description="with pretrained: folders replacing the pipeline's components one by one, e.g. {transformer: PATH}",
     )
 
+    def _check_pretrained_for(self, pretrained: str | None, options: dict[str, Any]) -> None:
+        """The pretrained options and the family's ``options`` are set only together with ``pretrained``."""
+        unused = [name for name in PRETRAINED_OPTIONS if getattr(self, name) is not None]
+        if pretrained is None and (unused or options):
+            names = [*unused, *(["options"] if options else [])]
+            raise ValueError(f"{', '.join(names)} apply only with pretrained; set pretrained or remove them")
+
     def _without_unset(self, data: dict[str, Any]) -> dict[str, Any]:
         """``data`` without the pretrained options left unset, so configs without them keep their params."""
         for name in ("pretrained", *PRETRAINED_OPTIONS):
@@ -293,10 +300,7 @@ class CodecModelConfig(PretrainedOptions):
 
     @model_validator(mode="after")
     def _options_need_pretrained(self) -> CodecModelConfig:
-        unused = [name for name in PRETRAINED_OPTIONS if getattr(self, name) is not None]
-        if self.pretrained is None and (unused or self.options):
-            names = [*unused, *(["options"] if self.options else [])]
-            raise ValueError(f"{', '.join(names)} apply only with pretrained; set pretrained or remove them")
+        self._check_pretrained_for(self.pretrained, self.options)
         return self
 
     @model_serializer(mode="wrap")
@@ -364,10 +368,7 @@ class ModelConfig(PretrainedOptions):
 
     @model_validator(mode="after")
     def _options_need_pretrained(self) -> ModelConfig:
-        unused = [name for name in PRETRAINED_OPTIONS if getattr(self, name) is not None]
-        if self.pretrained is None and (unused or self.options):
-            names = [*unused, *(["options"] if self.options else [])]
-            raise ValueError(f"{', '.join(names)} apply only with pretrained; set pretrained or remove them")
+        self._check_pretrained_for(self.pretrained, self.options)
         return self
 
     @model_serializer(mode="wrap")
@@ -820,9 +821,9 @@ class PipelineConfig(StrictModel):
     def _latent_reader_problems(self, name: str, stage: StageConfig) -> list[tuple[str, str]]:
         """A stage's ``data.latents``: a declared cache of the stage's dataset, filled by the stage's family
         (and pipeline), read by a trainer that encodes dataset media."""
-        key = stage.data.latents if stage.data is not None else None
-        if key is None or stage.data is None:
+        if stage.data is None or stage.data.latents is None:
             return []
+        key = stage.data.latents
         where = f"stages.{name}.data.latents"
         cache = self.latents.get(key)
         if cache is None:
