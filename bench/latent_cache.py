@@ -8,8 +8,9 @@ whose VAE is replaced (``model.components.vae``) by a small AutoencoderKL of SD3
 encoder blocks (8x down), two layers each, a quarter of SD3's widths, 16 latent channels; 64x64 RGB
 images give 8x8 latents. Both arms are flowpost's SFT trainer on the same demonstrations and condition
 cache, differing only in ``data.latents`` (the cache, written once before timing, and its own time and
-items/s are reported too). Alternating rounds; medians and the ratio. Writes
-``WORKSPACE/latent_cache.json``.
+items/s are reported too). Alternating rounds; medians and the ratio, of wall seconds per step and of
+the process's CPU seconds per step (all its threads), which a shared machine's load disturbs less.
+Writes ``WORKSPACE/latent_cache.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from alternate import Comparison, alternate
 from prepared import unit_seconds
 
+from flowpost.core.callbacks.base import Callback
 from flowpost.core.config.schema import StageConfig
 from flowpost.core.io import write_json_atomic
 from flowpost.core.models.pretrained import PretrainedSource
@@ -55,6 +57,19 @@ VAE = {  # SD3's AutoencoderKL layout at a quarter of its widths
     "use_post_quant_conv": False,
 }
 FINGERPRINT = "bench-sd3-encoders"
+
+
+class CPUClock(Callback):
+    """This process's CPU seconds (all threads) between consecutive optimizer steps."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def on_step_end(self, trainer: object, metrics: dict[str, float]) -> None:
+        self.marks.append(time.process_time())
+
+    def seconds(self) -> list[float]:
+        return [later - earlier for earlier, later in zip(self.marks, self.marks[1:], strict=False)]
 
 
 def prepare(root: Path, records: int) -> tuple[dict[str, object], dict[str, float]]:
@@ -111,13 +126,20 @@ def spec(root: Path, model: dict[str, object], out: Path, *, steps: int, batch: 
     )
 
 
-def compare(root: Path, model: dict[str, object], steps: int, rounds: int, batch: int) -> Comparison:
-    def arm(cached: bool) -> list[float]:
-        out = root / ("cached" if cached else "encoded")
-        build_trainer(spec(root, model, out, steps=steps, batch=batch, cached=cached)).start()
+def compare(root: Path, model: dict[str, object], steps: int, rounds: int, batch: int) -> tuple[Comparison, Comparison]:
+    """Wall seconds and CPU seconds per step of both arms, from the same alternating rounds."""
+    cpu = Comparison(subject="cached", baseline="encoded", unit="step", seconds={"cached": [], "encoded": []})
+
+    def arm(name: str) -> list[float]:
+        out = root / name
+        trainer = build_trainer(spec(root, model, out, steps=steps, batch=batch, cached=name == "cached"))
+        clock = trainer.callbacks.callbacks.setdefault("cpu_clock", CPUClock())
+        trainer.start()
+        cpu.seconds[name] += clock.seconds()
         return unit_seconds(out / "events.jsonl")
 
-    return alternate(("cached", lambda: arm(True)), ("encoded", lambda: arm(False)), rounds=rounds, unit="step")
+    wall = alternate(("cached", lambda: arm("cached")), ("encoded", lambda: arm("encoded")), rounds=rounds, unit="step")
+    return wall, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.workspace / "latent_cache"
     model, cache = prepare(root, args.records)
-    comparison = compare(root, model, args.steps, args.rounds, args.batch_size)
-    print(f"latent cache: {comparison.line(args.batch_size)}", flush=True)
+    comparison, cpu = compare(root, model, args.steps, args.rounds, args.batch_size)
+    print(f"latent cache, wall: {comparison.line(args.batch_size)}", flush=True)
+    print(f"latent cache, CPU: {cpu.line(args.batch_size)}", flush=True)
     write_json_atomic(
         args.workspace / "latent_cache.json",
         comparison.summary()
+        | {f"cpu_{key}": value for key, value in cpu.summary().items() if key != "unit"}
         | cache
         | {
             "batch_size": args.batch_size,
@@ -142,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "image_size": IMAGE_SIZE,
             "vae": f"AutoencoderKL {list(VAE['block_out_channels'])} x {VAE['layers_per_block']} layers",
             "seconds": comparison.seconds,
+            "cpu_seconds": cpu.seconds,
         },
     )
     return 0
