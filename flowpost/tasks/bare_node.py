@@ -23,9 +23,12 @@ def run_bare_node(
     on_event: EventHandler | None = None,
 ) -> NodeResult:
     """Run ``node_id`` (its inputs must have completed) holding the workspace's lock; the report node
-    also publishes its files."""
+    also publishes its files. A node whose inputs are missing is refused before the lock is taken, so
+    nothing is written."""
     if layout not in LAYOUTS:
         raise FlowpostError(f"unknown layout {layout!r}; use {' or '.join(LAYOUTS)}", where="--layout")
+    found = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
+    found.check_inputs(node_id)  # a refusal writes nothing, not even the lock file
     with workspace_lock(workspace, f"flowpost stage {node_id}"):
         run = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
         result = run.execute(node_id, refresh=refresh, resume=resume, force=force, on_event=on_event)
