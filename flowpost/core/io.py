@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -170,7 +171,10 @@ def file_errors_reported(action: str, *, where: str | Path) -> Iterator[None]:
     except shutil.Error as exc:  # copytree gathers (source, destination, why) of each file that failed
         failures = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
         _, target, why = failures[0] if failures else (None, where, str(exc))
-        raise FlowpostError(f"{action} failed ({why}); {_WHAT_TO_DO}", where=str(target)) from exc
+        reason = re.match(r"\[Errno \d+\] ([^:]+)", why)  # "[Errno 28] No space left on device: 'path'"
+        raise FlowpostError(
+            f"{action} failed ({reason.group(1) if reason else why}); {_WHAT_TO_DO}", where=str(target)
+        ) from exc
     except OSError as exc:
         if exc.filename is None and exc.errno not in _DISK_ERRNOS:
             raise

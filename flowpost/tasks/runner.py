@@ -167,7 +167,7 @@ class PipelineRun:
                 return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
             log.warning("%s is damaged (%s since it completed); running it again", out, problem)
         self.check_inputs(node_id)
-        with file_errors_reported(f"node {node_id}", where=out):
+        with file_errors_reported("writing or reading it", where=out):
             seconds, outputs = self._run_into(node, out, refresh=refresh, resume=resume, on_event=on_event)
         return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
 
