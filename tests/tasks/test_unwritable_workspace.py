@@ -1,23 +1,15 @@
 """Workspaces that cannot be written: a read-only folder, a read-only node folder, and writes that fail
 part-way (a file-size limit the kernel enforces, as a full disk does) end with one message naming the
-file, leave no completed node behind, and the node runs cleanly once the cause is gone.
-
-Root ignores permission bits, so a folder is made read-only with ``chattr +i`` (the immutable flag)
-when the tests run as root, and with ``chmod 0555`` otherwise; either way a write in it really fails.
-"""
+file, leave no completed node behind, and the node runs cleanly once the cause is gone."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import resource
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cli_main import flowpost_main
+from unwritable import file_size_limit, read_only
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.errors import FlowpostError
@@ -25,34 +17,6 @@ from flowpost.tasks.integrity import COMPLETE
 from flowpost.tasks.runner import PipelineRun
 
 LIMIT = 8192  # bytes: above every manifest these nodes write, below the weights and the report they write
-
-
-@contextlib.contextmanager
-def read_only(folder: Path) -> Iterator[None]:
-    """``folder`` unwritable for this process (root included) inside the block."""
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "+i", str(folder)], check=True, capture_output=True)
-        undo = ["chattr", "-i", str(folder)]
-    else:
-        folder.chmod(0o555)
-        undo = ["chmod", "755", str(folder)]
-    try:
-        with pytest.raises(OSError):
-            (folder / "probe").write_text("")  # the mechanism works here
-        yield
-    finally:
-        subprocess.run(undo, check=True)
-
-
-@contextlib.contextmanager
-def file_size_limit(size: int) -> Iterator[None]:
-    """Writes past ``size`` bytes of any file fail (``EFBIG``; Python ignores ``SIGXFSZ``) inside the block."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -138,3 +102,13 @@ def test_dvc_sync_that_cannot_write_names_the_file_and_leaves_no_partial_one(tmp
         outcome = flowpost_main("dvc", "code", str(tmp_path / "code.json"))
     assert outcome.code == 1, outcome
     assert outcome.stderr.startswith(f"error: {tmp_path / 'code.json'}: writing the code fingerprint failed (")
+
+
+def test_sample_into_a_read_only_folder_names_the_file(tmp_path: Path, completed_workspace) -> None:
+    export = next((completed_workspace[0] / "export").iterdir())
+    out = tmp_path / "grid.png"
+    with read_only(tmp_path):
+        outcome = flowpost_main("sample", str(export), "--prompt", "a digit", "-n", "1", "--out", str(out))
+    assert outcome.code == 1, outcome
+    assert outcome.stderr.startswith(f"error: {out}: flowpost sample failed ("), outcome.stderr
+    assert list(tmp_path.iterdir()) == []
