@@ -1,4 +1,4 @@
-"""Atomic file and directory writes, content hashes."""
+"""Atomic file and directory writes, content hashes, and write failures reported by the file they hit."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+_NETWORK_ERRORS = (ConnectionError, TimeoutError)  # transient: a retry may pass
+_WHAT_TO_DO = "check the path, free space on the disk or make the folder writable, then run it again"
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -145,7 +149,7 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
 def _naming_final(exc: BaseException, final: Path) -> OSError | None:
     """When ``exc`` is an OS error that names no file or a temporary sibling of ``final`` (or a file
     inside one), the same error naming the path it stands for under ``final``; else None."""
-    if not isinstance(exc, OSError) or exc.errno is None:
+    if not isinstance(exc, OSError) or isinstance(exc, _NETWORK_ERRORS) or exc.errno is None:
         return None
     if exc.filename is None:
         return OSError(exc.errno, exc.strerror, str(final))
@@ -162,7 +166,7 @@ def file_errors_reported(action: str, *, where: str | Path) -> Iterator[None]:
     """Re-raise a file-system error inside (a full disk, a read-only folder, a path under a file) as a
     FlowpostError naming the file (``where`` when the error names none) and what to do.
 
-    Errors of the network (a refused connection, a timeout) name no file and pass through unchanged.
+    Errors of the network (a refused connection, a timeout) pass through unchanged: a retry may pass.
     """
     from flowpost.errors import FlowpostError
 
@@ -176,16 +180,12 @@ def file_errors_reported(action: str, *, where: str | Path) -> Iterator[None]:
             f"{action} failed ({reason.group(1) if reason else why}); {_WHAT_TO_DO}", where=str(target)
         ) from exc
     except OSError as exc:
-        if exc.filename is None and exc.errno not in _DISK_ERRNOS:
+        if isinstance(exc, _NETWORK_ERRORS) or (exc.filename is None and exc.errno not in _DISK_ERRNOS):
             raise
         target = exc.filename2 or exc.filename or where
         raise FlowpostError(
             f"{action} failed ({exc.strerror or exc}); {_WHAT_TO_DO}", where=os.fsdecode(target)
         ) from exc
-
-
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
-_WHAT_TO_DO = "check the path, free space on the disk or make the folder writable, then run it again"
 
 
 def read_json(path: str | Path, *, what: str = "file") -> Any:
