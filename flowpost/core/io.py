@@ -83,8 +83,8 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
 
 
 def check_output_file(path: str | Path, *, where: str, example: str = "grid.png") -> None:
-    """Raise a FlowpostError unless ``path`` can be written as a file: not a folder, nor under a file;
-    the message for a folder suggests ``path / example``."""
+    """Raise a FlowpostError unless ``path`` can be written as a file: not a folder, nor under a file,
+    nor in a folder this process cannot write; the message for a folder suggests ``path / example``."""
     from flowpost.errors import FlowpostError
 
     path = Path(path)
@@ -94,6 +94,8 @@ def check_output_file(path: str | Path, *, where: str, example: str = "grid.png"
     if not parent.is_dir():
         message = f"{parent} is a file, so {path} cannot be written under it; choose another path"
         raise FlowpostError(message, where=where)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise FlowpostError(f"cannot write in {parent} (read-only or not yours); choose another path", where=where)
 
 
 def write_json_atomic(path: str | Path, value: Any) -> None:

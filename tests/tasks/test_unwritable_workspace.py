@@ -92,23 +92,29 @@ def test_publishing_the_report_into_a_workspace_that_cannot_take_it_names_the_fi
     assert not (workspace / "report.md").exists() and not list(workspace.glob(".*.tmp"))
 
 
-def test_dvc_sync_that_cannot_write_names_the_file_and_leaves_no_partial_one(tmp_path: Path) -> None:
+def test_dvc_sync_and_code_that_cannot_write_name_the_file_and_leave_no_partial_one(tmp_path: Path) -> None:
     with file_size_limit(512):
         outcome = flowpost_main("dvc", "sync", "--root", str(tmp_path))
     assert outcome.code == 1, outcome
     assert outcome.stderr.startswith(f"error: {tmp_path / 'params.yaml'}: `flowpost dvc sync` failed (File too large)")
     assert _files(tmp_path) == {}
-    with read_only(tmp_path):
+    with file_size_limit(16):
         outcome = flowpost_main("dvc", "code", str(tmp_path / "code.json"))
     assert outcome.code == 1, outcome
-    assert outcome.stderr.startswith(f"error: {tmp_path / 'code.json'}: writing the code fingerprint failed (")
+    assert outcome.stderr.startswith(f"error: {tmp_path / 'code.json'}: writing the code fingerprint failed (File too")
+    with read_only(tmp_path):
+        outcome = flowpost_main("dvc", "code", str(tmp_path / "code.json"))
+    assert outcome.stderr == f"error: OUT: cannot write in {tmp_path} (read-only or not yours); choose another path\n"
+    assert _files(tmp_path) == {}
 
 
-def test_sample_into_a_read_only_folder_names_the_file(tmp_path: Path, completed_workspace) -> None:
+def test_sample_into_a_read_only_folder_is_refused_before_loading_the_model(
+    tmp_path: Path, completed_workspace
+) -> None:
     export = next((completed_workspace[0] / "export").iterdir())
     out = tmp_path / "grid.png"
     with read_only(tmp_path):
         outcome = flowpost_main("sample", str(export), "--prompt", "a digit", "-n", "1", "--out", str(out))
     assert outcome.code == 1, outcome
-    assert outcome.stderr.startswith(f"error: {out}: flowpost sample failed ("), outcome.stderr
+    assert outcome.stderr == f"error: --out: cannot write in {tmp_path} (read-only or not yours); choose another path\n"
     assert list(tmp_path.iterdir()) == []
