@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from cli_main import flowpost_main
 from unwritable import file_size_limit, read_only
 
@@ -66,14 +67,18 @@ def test_a_read_only_node_folder_fails_the_node_naming_it(tmp_path: Path, tiny_p
 def test_a_write_that_fails_part_way_names_the_file_and_the_node_runs_again_once_it_can(
     tmp_path: Path, completed_workspace, tiny_pipeline, node: str, failing: str
 ) -> None:
-    workspace = tmp_path / "ws"
+    workspace, pipeline = tmp_path / "ws", tmp_path / "tiny.yaml"
     shutil.copytree(completed_workspace[0], workspace)
+    pipeline.write_text(yaml.safe_dump(tiny_pipeline()))
     run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
     folder = run.path(node)
-    with file_size_limit(LIMIT), pytest.raises(FlowpostError) as raised:
-        run.execute(node, refresh=True)
-    assert raised.value.where == str(folder / failing)
-    assert str(raised.value).startswith(f"{folder / failing}: writing or reading it failed (File too large); ")
+    with file_size_limit(LIMIT):
+        outcome = flowpost_main("stage", node, "--refresh", "--pipeline", str(pipeline), "--workspace", str(workspace))
+    assert outcome.code == 1, outcome
+    assert outcome.stderr == (
+        f"error: {folder / failing}: writing or reading it failed (File too large); check the path, free space on "
+        "the disk or make the folder writable, then run it again\n"
+    )
     assert not (folder / COMPLETE).exists() and not list(folder.rglob(".*.tmp"))
     again = run.execute(node)
     assert again.status == "ran" and run.is_complete(node) and run.damage(node) is None
