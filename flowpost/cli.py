@@ -29,10 +29,12 @@ PipelineArg = Annotated[Path | None, typer.Argument(help="pipeline YAML (default
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="dotted override, e.g. stages.sft.train.lr=1e-4")]
 WorkspaceOpt = Annotated[Path, typer.Option("--workspace", "-w", help="folder for every output of the pipeline")]
 SmokeOpt = Annotated[bool, typer.Option("--smoke", help="cut every budget to a few steps")]
-MachinesOpt = Annotated[int | None, typer.Option("--num-machines", help="machines of multi-process stages")]
-MachineRankOpt = Annotated[int | None, typer.Option("--machine-rank", help="this machine's rank (0: main)")]
+MachinesOpt = Annotated[int | None, typer.Option("--num-machines", min=1, help="machines of multi-process stages")]
+MachineRankOpt = Annotated[int | None, typer.Option("--machine-rank", min=0, help="this machine's rank (0: main)")]
 MainIpOpt = Annotated[str | None, typer.Option("--main-process-ip", help="address of machine 0")]
-MainPortOpt = Annotated[int | None, typer.Option("--main-process-port", help="rendezvous port on machine 0")]
+MainPortOpt = Annotated[
+    int | None, typer.Option("--main-process-port", min=1, max=65535, help="rendezvous port on machine 0")
+]
 
 
 def _load(pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False):  # noqa: ANN202
@@ -207,6 +209,10 @@ def dvc_sync(
     """Write params.yaml (the resolved pipeline) and dvc.yaml (one DVC stage per node)."""
     from flowpost.tasks.dvc import check_in_sync, sync
 
+    if check and force:
+        raise FlowpostError("--check only compares the files and --force overwrites them; pass one", where="--force")
+    if not root.is_dir():
+        raise FlowpostError(f"{root} is not a folder; pass the DVC repository's root folder", where="--root")
     config = _load(pipeline, set_)
     if check:
         check_in_sync(config, root)
@@ -219,8 +225,10 @@ def dvc_sync(
 @dvc_app.command("code")
 def dvc_code(out: Annotated[Path, typer.Argument(help="the JSON file to write")]) -> None:
     """Write the code fingerprint (flowpost's sources, its numeric libraries' versions): DVC's ``code`` stage."""
+    from flowpost.core.io import check_output_file
     from flowpost.tasks.dvc import write_code_file
 
+    check_output_file(out, where="OUT", example="code.json")
     typer.echo(f"code {write_code_file(out)[:12]} -> {out}")
 
 
@@ -272,6 +280,7 @@ def sample(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Generate ``n`` samples of one prompt into a PNG grid (a video model: an mp4 of the clips tiled)."""
+    from flowpost.core.io import file_errors_reported
     from flowpost.core.sampling.generate import sample_prompts
     from flowpost.tasks.integrity import COMPLETE, completed_damage
 
@@ -281,7 +290,8 @@ def sample(
             "nodes) or `flowpost stage export`",
             where=str(export),
         )
-    _, written = sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
+    with file_errors_reported("flowpost sample", where=out or export):
+        _, written = sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
     typer.echo(f"wrote {written}")
 
 
@@ -359,7 +369,7 @@ def _quiet_prefect_defaults() -> None:
 def main() -> None:
     """Entry point: user errors print one message and exit 1, without a traceback."""
     try:
-        app(standalone_mode=True)
+        app(prog_name="flowpost", standalone_mode=True)
     except FlowpostError as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")
         sys.exit(1)

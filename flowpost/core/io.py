@@ -1,16 +1,22 @@
-"""Atomic file and directory writes, content hashes."""
+"""Atomic file and directory writes, content hashes, and write failures reported by the file they hit."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
+
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+_NETWORK_ERRORS = (ConnectionError, TimeoutError)  # transient: a retry may pass
+_WHAT_TO_DO = "check the path, free space on the disk or make the folder writable, then run it again"
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -58,31 +64,38 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if (named := _naming_final(exc, path)) is not None:
+            raise named from exc
         raise
 
 
-def check_output_file(path: str | Path, *, where: str) -> None:
-    """Raise a FlowpostError unless ``path`` can be written as a file: not a folder, nor under a file."""
+def check_output_file(path: str | Path, *, where: str, example: str = "grid.png") -> None:
+    """Raise a FlowpostError unless ``path`` can be written as a file: not a folder, nor under a file,
+    nor in a folder this process cannot write; the message for a folder suggests ``path / example``."""
     from flowpost.errors import FlowpostError
 
     path = Path(path)
     if path.is_dir():
-        raise FlowpostError(f"{path} is a folder; give a file path, e.g. {path / 'grid.png'}", where=where)
+        raise FlowpostError(f"{path} is a folder; give a file path, e.g. {path / example}", where=where)
     parent = next(p for p in path.absolute().parents if p.exists())
     if not parent.is_dir():
         message = f"{parent} is a file, so {path} cannot be written under it; choose another path"
         raise FlowpostError(message, where=where)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise FlowpostError(f"cannot write in {parent} (read-only or not yours); choose another path", where=where)
 
 
 def write_json_atomic(path: str | Path, value: Any) -> None:
@@ -110,8 +123,9 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    tmp = None
     try:
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         old = None
@@ -126,9 +140,54 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
             raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if (named := _naming_final(exc, final)) is not None:
+            raise named from exc
         raise
+
+
+def _naming_final(exc: BaseException, final: Path) -> OSError | None:
+    """When ``exc`` is an OS error that names no file or a temporary sibling of ``final`` (or a file
+    inside one), the same error naming the path it stands for under ``final``; else None."""
+    if not isinstance(exc, OSError) or isinstance(exc, _NETWORK_ERRORS) or exc.errno is None:
+        return None
+    if exc.filename is None:
+        return OSError(exc.errno, exc.strerror, str(final))
+    name = Path(os.fsdecode(exc.filename))
+    for folder in (name, *name.parents):
+        temporary = folder.name.startswith(f".{final.name}.") and folder.name.endswith((".tmp", ".old"))
+        if temporary and folder.parent == final.parent:
+            return OSError(exc.errno, exc.strerror, str(final / name.relative_to(folder)))
+    return None
+
+
+@contextlib.contextmanager
+def file_errors_reported(action: str, *, where: str | Path) -> Iterator[None]:
+    """Re-raise a file-system error inside (a full disk, a read-only folder, a path under a file) as a
+    FlowpostError naming the file (``where`` when the error names none) and what to do.
+
+    Errors of the network (a refused connection, a timeout) pass through unchanged: a retry may pass.
+    """
+    from flowpost.errors import FlowpostError
+
+    try:
+        yield
+    except shutil.Error as exc:  # copytree gathers (source, destination, why) of each file that failed
+        failures = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+        _, target, why = failures[0] if failures else (None, where, str(exc))
+        reason = re.match(r"\[Errno \d+\] ([^:]+)", why)  # "[Errno 28] No space left on device: 'path'"
+        raise FlowpostError(
+            f"{action} failed ({reason.group(1) if reason else why}); {_WHAT_TO_DO}", where=str(target)
+        ) from exc
+    except OSError as exc:
+        if isinstance(exc, _NETWORK_ERRORS) or (exc.filename is None and exc.errno not in _DISK_ERRNOS):
+            raise
+        target = exc.filename2 or exc.filename or where
+        raise FlowpostError(
+            f"{action} failed ({exc.strerror or exc}); {_WHAT_TO_DO}", where=os.fsdecode(target)
+        ) from exc
 
 
 def read_json(path: str | Path, *, what: str = "file") -> Any:

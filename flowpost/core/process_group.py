@@ -44,11 +44,15 @@ class Topology:
             )
         except ValueError as exc:
             raise FlowpostError(f"bad topology variable: {exc}", where=NUM_MACHINES_ENV) from exc
-        if topology.num_machines < 1 or not 0 <= topology.machine_rank < topology.num_machines:
+        if topology.num_machines < 1:
+            raise FlowpostError(f"{topology.num_machines} machines; give 1 or more", where="--num-machines")
+        if not 0 <= topology.machine_rank < topology.num_machines:
             raise FlowpostError(
                 f"machine rank {topology.machine_rank} is outside 0..{topology.num_machines - 1}",
                 where="--machine-rank",
             )
+        if not 0 < topology.main_process_port < 65536:
+            raise FlowpostError(f"port {topology.main_process_port} is outside 1..65535", where="--main-process-port")
         return topology
 
     def to_env(self) -> dict[str, str]:

@@ -6,6 +6,7 @@ A demonstration is ``KEY.npy`` (its image) and ``KEY.json``; a preference pair i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tarfile
@@ -50,8 +51,13 @@ def is_pair_manifest(manifest: Any) -> bool:
 def _write_tar(path: Path, samples: list[dict[str, Any]]) -> None:
     with atomic_file(path, "wb") as handle:
         writer = TarWriter(handle, encoder=False, mtime=0.0)
-        for sample in samples:
-            writer.write(sample)
+        try:
+            for sample in samples:
+                writer.write(sample)
+        except BaseException:
+            with contextlib.suppress(OSError):  # closed now: not flushed later, when collected, into a closed file
+                writer.close()
+            raise
         writer.close()
 
 

@@ -13,8 +13,10 @@ from flowpost.core.config.loading import load_pipeline, pipeline_to_dict
 from flowpost.errors import FlowpostError
 from flowpost.flows.pipeline import pipeline_flow
 from flowpost.tasks.runner import NodeResult
+from flowpost.tasks.workspace import checked_workspace
 
 RETRAIN_FLOW = "flowpost-retrain"
+NAME_FORBIDDEN = "/%&><"  # characters Prefect's deployment and work-pool names may not hold
 
 
 @flow(name=RETRAIN_FLOW, log_prints=True)
@@ -30,16 +32,28 @@ def check_cron(cron: str) -> None:
 
     try:
         CronSchedule(cron=cron)
-    except ValueError as exc:
-        raise FlowpostError(f"invalid cron expression {cron!r} ({exc})", where="--cron") from None
+    except ValueError:
+        raise FlowpostError(
+            f"invalid cron expression {cron!r}; give five fields (minute hour day month weekday), e.g. '0 3 * * *'",
+            where="--cron",
+        ) from None
+
+
+def check_name(name: str, *, where: str) -> None:
+    """Reject a deployment or work-pool name Prefect cannot store (empty, or with one of ``/%&><``)."""
+    if not name.strip() or any(c in name for c in NAME_FORBIDDEN):
+        raise FlowpostError(f"{name!r} is not a usable name; give one without {' '.join(NAME_FORBIDDEN)}", where=where)
 
 
 def retrain_parameters(
-    pipeline_file: Path | None, overrides: list[str], workspace: Path, *, cron: str | None
+    pipeline_file: Path | None, overrides: list[str], workspace: Path, *, cron: str | None, name: str
 ) -> dict[str, Any]:
-    """Check ``cron`` and the pipeline now, not at 3 a.m.; the parameters of every ``retrain_flow`` run."""
+    """Check ``cron``, the deployment ``name``, the workspace and the pipeline now, not at 3 a.m.; the
+    parameters of every ``retrain_flow`` run."""
     if cron is not None:
         check_cron(cron)
+    check_name(name, where="--name")
+    checked_workspace(workspace)
     load_pipeline(pipeline_file, overrides)
     return {
         "pipeline_file": str(pipeline_file.resolve()) if pipeline_file else None,
@@ -58,7 +72,7 @@ def serve_pipeline(pipeline_file: Path | None, overrides: list[str], workspace: 
     retrain_flow.serve(
         name=name,
         cron=cron,
-        parameters=retrain_parameters(pipeline_file, overrides, workspace, cron=cron),
+        parameters=retrain_parameters(pipeline_file, overrides, workspace, cron=cron, name=name),
         tags=["flowpost"],
         description=_description(pipeline_file, workspace, cron),
     )
@@ -87,7 +101,8 @@ def deploy_pipeline(
     The entrypoint is the module path, so a worker on any machine where flowpost is installed imports it."""
     from prefect.types.entrypoint import EntrypointType
 
-    parameters = retrain_parameters(pipeline_file, overrides, workspace, cron=cron)
+    check_name(pool, where="--pool")
+    parameters = retrain_parameters(pipeline_file, overrides, workspace, cron=cron, name=name)
     ensure_process_pool(pool)
     retrain_flow.to_deployment(
         name=name,

@@ -8,7 +8,7 @@ from flowpost.core.config.schema import PipelineConfig
 from flowpost.errors import FlowpostError
 from flowpost.tasks.runner import LAYOUTS, NodeResult, PipelineRun
 from flowpost.tasks.train import EventHandler
-from flowpost.tasks.workspace_lock import workspace_lock
+from flowpost.tasks.workspace_lock import refuse_if_busy, workspace_lock
 
 
 def run_bare_node(
@@ -23,9 +23,12 @@ def run_bare_node(
     on_event: EventHandler | None = None,
 ) -> NodeResult:
     """Run ``node_id`` (its inputs must have completed) holding the workspace's lock; the report node
-    also publishes its files."""
+    also publishes its files. A busy workspace, or a node whose inputs are missing, is refused before the
+    lock is taken, so nothing is written."""
     if layout not in LAYOUTS:
         raise FlowpostError(f"unknown layout {layout!r}; use {' or '.join(LAYOUTS)}", where="--layout")
+    refuse_if_busy(workspace)  # a refusal writes nothing, not even the lock file
+    PipelineRun(pipeline, workspace, layout=layout).check_inputs(node_id)  # type: ignore[arg-type]
     with workspace_lock(workspace, f"flowpost stage {node_id}"):
         run = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
         result = run.execute(node_id, refresh=refresh, resume=resume, force=force, on_event=on_event)

@@ -23,7 +23,7 @@ import yaml
 
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
-from flowpost.core.io import write_bytes_atomic
+from flowpost.core.io import file_errors_reported, write_bytes_atomic
 from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
 from flowpost.tasks.graph import Node, NodeKind, build_nodes, code_fingerprint, fixed_folder, reads_promoted
@@ -113,7 +113,8 @@ def render(pipeline: PipelineConfig) -> dict[str, str]:
 def write_code_file(path: Path) -> str:
     """Write the code fingerprint to ``path`` (the ``code`` stage's out) and return it."""
     fingerprint = code_fingerprint()
-    write_bytes_atomic(path, (json.dumps({"code": fingerprint}, indent=2) + "\n").encode())
+    with file_errors_reported("writing the code fingerprint", where=path):
+        write_bytes_atomic(path, (json.dumps({"code": fingerprint}, indent=2) + "\n").encode())
     return fingerprint
 
 
@@ -132,8 +133,9 @@ def sync(pipeline: PipelineConfig, root: Path, *, force: bool = False) -> list[P
             "line); move it aside, or pass --force to overwrite it",
             where=str(root),
         )
-    for path in changed:
-        write_bytes_atomic(path, rendered[path].encode())
+    with file_errors_reported("`flowpost dvc sync`", where=root):
+        for path in changed:
+            write_bytes_atomic(path, rendered[path].encode())
     return changed
 
 

@@ -24,7 +24,14 @@ from typing import Any, Literal
 
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import IMAGE_SOURCES, ModelConfig, PipelineConfig
-from flowpost.core.io import read_json, read_json_object, sha256_json, write_bytes_atomic, write_json_atomic
+from flowpost.core.io import (
+    file_errors_reported,
+    read_json,
+    read_json_object,
+    sha256_json,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from flowpost.core.logging import get_logger
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.trainers.spec import StageSpec
@@ -161,14 +168,23 @@ class PipelineRun:
                 done = read_json_object(out / COMPLETE, what="completion manifest")
                 return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
             log.warning("%s is damaged (%s since it completed); running it again", out, problem)
-        for dep in node.deps:
-            self._check_input(node_id, dep)
+        self.check_inputs(node_id)
+        with file_errors_reported("writing or reading it", where=out):
+            seconds, outputs = self._run_into(node, out, refresh=refresh, resume=resume, on_event=on_event)
+        return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
+
+    def _run_into(
+        self, node: Node, out: Path, *, refresh: bool, resume: bool, on_event: EventHandler | None
+    ) -> tuple[float, dict[str, Any]]:
+        """Run ``node`` into ``out`` (resuming a training node's attempt there) and complete it; its
+        seconds and outputs."""
+        fingerprint = self.fingerprints[node.id]
         same_attempt = _recorded_fingerprint(out / ATTEMPT) == fingerprint
         if out.exists() and (node.kind is not NodeKind.TRAIN or refresh or not resume or not same_attempt):
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / COMPLETE).unlink(missing_ok=True)
-        write_json_atomic(out / ATTEMPT, {"node": node_id, "fingerprint": fingerprint})
+        write_json_atomic(out / ATTEMPT, {"node": node.id, "fingerprint": fingerprint})
         started = time.monotonic()
         outputs = HANDLERS[node.kind](NodeCall(self, node, out, resume, on_event))
         files = output_hashes(out, node.kind)
@@ -176,16 +192,21 @@ class PipelineRun:
         write_json_atomic(
             out / COMPLETE,
             {
-                "node": node_id,
+                "node": node.id,
                 "fingerprint": fingerprint,
-                "inputs": self.inputs[node_id],
+                "inputs": self.inputs[node.id],
                 "outputs": outputs,
                 "files": files,
                 "seconds": seconds,
                 "finished": time.time(),
             },
         )
-        return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
+        return seconds, outputs
+
+    def check_inputs(self, node_id: str) -> None:
+        """Refuse to run ``node_id`` while one of its inputs has not completed or is damaged (reads only)."""
+        for dep in self.node(node_id).deps:
+            self._check_input(node_id, dep)
 
     def _check_input(self, node_id: str, dep: str) -> None:
         """Refuse to run ``node_id`` while its input ``dep`` has not completed or is damaged."""
@@ -206,8 +227,9 @@ class PipelineRun:
         """Copy the report node's ``metrics.json`` and ``report.md`` to the workspace root."""
         if not self.is_complete("report"):
             return None
-        for name in ("metrics.json", "report.md"):
-            write_bytes_atomic(self.workspace / name, (self.path("report") / name).read_bytes())
+        with file_errors_reported("publishing the report", where=self.workspace):
+            for name in ("metrics.json", "report.md"):
+                write_bytes_atomic(self.workspace / name, (self.path("report") / name).read_bytes())
         return self.workspace / "metrics.json"
 
     def train_spec(self, stage_name: str, out: Path, *, resume: bool = True) -> StageSpec:

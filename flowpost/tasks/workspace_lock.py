@@ -73,10 +73,7 @@ def _acquire(path: Path, command: str) -> int:
         os.close(fd)
         if not isinstance(exc, BlockingIOError):
             raise FlowpostError(f"cannot lock the workspace ({exc.strerror})", where=str(path)) from None
-        raise FlowpostError(
-            f"in use by {_describe(holder)}; wait for it to end (or stop it), then run again",
-            where=str(path.parent),
-        ) from None
+        raise _busy(path, holder) from None
     if previous := _holder(fd):
         log.warning("taking over the workspace lock %s from %s, which has ended", path, _describe(previous))
     record = {
@@ -88,6 +85,30 @@ def _acquire(path: Path, command: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode(), 0)
     return fd
+
+
+def refuse_if_busy(workspace: str | Path) -> None:
+    """Raise what ``workspace_lock`` would when another process holds ``workspace``'s lock, creating
+    nothing: a command can then check its other inputs before the lock writes its file."""
+    path = checked_workspace(workspace) / LOCK_FILE
+    if Topology.from_env().machine_rank != 0 or path in _held:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no lock file yet (nobody holds it), or one ``workspace_lock`` reports itself
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released with the descriptor
+    except BlockingIOError:
+        raise _busy(path, _holder(fd)) from None
+    finally:
+        os.close(fd)
+
+
+def _busy(path: Path, holder: dict[str, Any] | None) -> FlowpostError:
+    return FlowpostError(
+        f"in use by {_describe(holder)}; wait for it to end (or stop it), then run again", where=str(path.parent)
+    )
 
 
 def _holder(fd: int) -> dict[str, Any] | None:

@@ -28,27 +28,18 @@ def test_publish_report_replaces_the_root_files_by_rename(tmp_path: Path, tiny_p
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_stage_command_accepts_smoke(tmp_path: Path, monkeypatch) -> None:
-    import flowpost.tasks.bare_node as bare_node
+def test_stage_command_accepts_smoke(tmp_path: Path) -> None:
+    """``--smoke`` reaches the pipeline the node runs in: the input folder it asks for is the smoke one."""
     from flowpost.cli import app
+    from flowpost.core.config.loading import load_pipeline
 
-    seen = {}
-
-    class FakeRun:
-        def __init__(self, pipeline, workspace, layout="content") -> None:  # noqa: ANN001
-            seen["smoke"] = pipeline.smoke
-
-        def execute(self, node, **kwargs):  # noqa: ANN001, ANN003, ANN201
-            from types import SimpleNamespace
-
-            return SimpleNamespace(node=node, status="ran", path=tmp_path)
-
-    monkeypatch.setattr(bare_node, "PipelineRun", FakeRun)
-    result = CliRunner().invoke(app, ["stage", "acquire.digits", "--smoke", "-w", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    assert seen["smoke"] is True
-    result = CliRunner().invoke(app, ["stage", "acquire.digits", "-w", str(tmp_path)])
-    assert result.exit_code == 0 and seen["smoke"] is False
+    needed = {}
+    for flags, overrides in ((["--smoke"], ["smoke=true"]), ([], [])):
+        needed[bool(flags)] = PipelineRun(load_pipeline(None, overrides), tmp_path).path("acquire.digits")
+        result = CliRunner().invoke(app, ["stage", "train.sft", *flags, "-w", str(tmp_path)])
+        assert result.exit_code == 1
+        assert str(result.exception).startswith(f"{needed[bool(flags)]}: node train.sft needs acquire.digits")
+    assert needed[True] != needed[False] and list(tmp_path.iterdir()) == []
 
 
 def test_stage_command_refuses_an_unknown_layout(tmp_path: Path) -> None:

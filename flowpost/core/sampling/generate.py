@@ -103,7 +103,9 @@ def sample_prompts(
     """
     if out is not None:
         check_output_file(out, where="--out")
-    if Path(model_dir).exists() and not Path(model_dir).is_dir():
+    if not Path(model_dir).exists():
+        raise FlowpostError(f"{model_dir} does not exist; give an export (or saved model) folder", where="sample")
+    if not Path(model_dir).is_dir():
         raise FlowpostError(f"{model_dir} is a file; give an export (or saved model) folder", where="sample")
     adapter = load_adapter(model_dir)
     if device is not None:
