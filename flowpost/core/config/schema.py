@@ -15,6 +15,7 @@ from pydantic import (
 
 from flowpost.core.config.base import StrictModel, non_finite_keys
 from flowpost.core.extras import DEEPSPEED_INSTALL, deepspeed_installed
+from flowpost.core.models.attention import DEFAULT_ATTENTION, diffusers_backend
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.optimizers import OptimizerConfig
@@ -311,6 +312,18 @@ class ModelConfig(PretrainedOptions):
         description="with pretrained: the family's own options (wan2: height, width, num_frames, fps, vae_tiling, "
         "gradient_checkpointing; flux1: resolution, distilled_guidance; qwen-image: resolution, cfg_norm)",
     )
+    attention: str = Field(
+        DEFAULT_ATTENTION,
+        description="the transformer's attention backend through diffusers' dispatch: sdpa (torch), flash, sage, "
+        "xformers, flex, ... (what the installed diffusers knows; its package must be installed)",
+    )
+
+    @field_validator("attention")
+    @classmethod
+    def _known_attention(cls, value: str) -> str:
+        if value != DEFAULT_ATTENTION:
+            diffusers_backend(value)
+        return value
 
     @field_validator("transformer", "options")
     @classmethod
@@ -335,13 +348,15 @@ class ModelConfig(PretrainedOptions):
 
     @model_serializer(mode="wrap")
     def _omit_unused_fallback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``fallback`` only with ``init: previous``, the pretrained options and the family's ``options`` only
-        when set, so other stages keep their params and fingerprints."""
+        """``fallback`` only with ``init: previous``, the pretrained options, the family's ``options`` and a
+        non-default ``attention`` only when set, so other stages keep their params and fingerprints."""
         data = handler(self)
         if self.init != "previous":
             data.pop("fallback", None)
         if not self.options:
             data.pop("options", None)
+        if self.attention == DEFAULT_ATTENTION:
+            data.pop("attention", None)
         return self._without_unset(data)
 
 
