@@ -79,7 +79,7 @@ def build_validation(config: CallbacksConfig, spec: StageSpec, inputs: StageInpu
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     """A fresh model (seeded), the ``model.pretrained`` pipeline or the stage named by ``model.init``,
-    with its attention backend, and LoRA and mixed precision when configured.
+    with its attention backend, and LoRA, mixed precision and compilation when configured.
 
     The encoder length of the stage's condition cache (``spec.extra["encoder"]``) is recorded on
     the adapter, so the saved model encodes new prompts the way it was trained.
@@ -115,6 +115,9 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         with torch.random.fork_rng(devices=[]):  # adapters drawn from the seed alone, whatever ran before
             torch.manual_seed(spec.seed)
             adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
+    if model.compile is not None:
+        where = f"stages.{spec.stage}.model.compile"
+        adapter.compile_networks(regional=model.compile.regional, options=model.compile.options(), where=where)
     return adapter
 
 
