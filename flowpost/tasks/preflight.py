@@ -50,18 +50,26 @@ def stage_memory(config: PipelineConfig) -> list[StageMemory]:
         except FlowpostError as error:
             rows.append(StageMemory(name, model.family, fine_tune, world, note=f"not estimated: {error}"))
             continue
-        estimate = estimate_memory(
-            footprint,
-            world_size=world,
-            backend=stage.launch.backend,
-            roles=max(1, len(trainer_class(stage.trainer).required_trainable_roles)),
-            snapshots=len(snapshot_names(stage)),
-            micro_batch=micro_batch_per_gpu(stage),
-            text_tokens=text_tokens(config, stage),
-            activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
+        rows.append(
+            StageMemory(name, model.family, fine_tune, world, footprint, stage_estimate(config, name, footprint))
         )
-        rows.append(StageMemory(name, model.family, fine_tune, world, footprint, estimate))
     return rows
+
+
+def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint) -> MemoryEstimate:
+    """Stage ``name``'s memory per GPU for a network of ``footprint``: its layout, roles, snapshots and batch."""
+    stage = config.stages[name]
+    model = base_model(config, name) or stage.model
+    return estimate_memory(
+        footprint,
+        world_size=stage.launch.num_processes,
+        backend=stage.launch.backend,
+        roles=max(1, len(trainer_class(stage.trainer).required_trainable_roles)),
+        snapshots=len(snapshot_names(stage)),
+        micro_batch=micro_batch_per_gpu(stage),
+        text_tokens=text_tokens(config, stage),
+        activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
+    )
 
 
 def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:
