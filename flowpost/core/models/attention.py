@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from flowpost.core.models.joint_attention import dispatch_joint_attention
 from flowpost.errors import FlowpostError
 
 DEFAULT_ATTENTION = "sdpa"
@@ -38,8 +39,9 @@ def dispatches_attention(network: nn.Module) -> bool:
 def set_attention(network: nn.Module, name: str, *, where: str = "model.attention") -> None:
     """Route ``network``'s attention through backend ``name``.
 
-    ``sdpa`` on a transformer whose processors call torch's SDPA directly (SD3's) changes nothing; any other
-    backend there, a backend whose package is not installed, or an unknown name is a ``FlowpostError`` at
+    ``sdpa`` on a transformer whose processors call torch's SDPA directly (SD3's) changes nothing; another
+    backend there replaces SD3's joint-attention processors by ones that dispatch. A transformer with
+    neither, a backend whose package is not installed, or an unknown name is a ``FlowpostError`` at
     ``where`` saying what to do.
     """
     from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
@@ -48,18 +50,18 @@ def set_attention(network: nn.Module, name: str, *, where: str = "model.attentio
         backend = diffusers_backend(name)
     except ValueError as error:
         raise FlowpostError(str(error), where=where) from None
-    if not dispatches_attention(network):
-        if name == DEFAULT_ATTENTION:
-            return
-        raise FlowpostError(
-            f"{type(network).__name__}'s attention processors call torch's scaled_dot_product_attention directly, "
-            f"not diffusers' attention dispatch, so backend {name!r} cannot apply; use {DEFAULT_ATTENTION}",
-            where=where,
-        )
+    if name == DEFAULT_ATTENTION and not dispatches_attention(network):
+        return  # torch's SDPA already, whatever the processors
     try:
         _check_attention_backend_requirements(AttentionBackendName(backend))
     except RuntimeError as error:
         raise FlowpostError(f"attention backend {name!r} is not usable here: {error}", where=where) from None
+    if not dispatches_attention(network) and not dispatch_joint_attention(network):
+        raise FlowpostError(
+            f"{type(network).__name__}'s attention processors do not go through diffusers' attention dispatch, "
+            f"so backend {name!r} cannot apply; use {DEFAULT_ATTENTION}",
+            where=where,
+        )
     try:
         network.set_attention_backend(backend)  # type: ignore[operator]
     except (RuntimeError, ValueError, OSError) as error:
