@@ -47,7 +47,7 @@ def stage_memory(config: PipelineConfig) -> list[StageMemory]:
         world = stage.launch.num_processes
         try:
             footprint = stage_footprint(stage, model)
-        except FlowpostError as error:
+        except (FlowpostError, AttributeError, KeyError, TypeError, ValueError) as error:  # a plan still prints
             rows.append(StageMemory(name, model.family, fine_tune, world, note=f"not estimated: {error}"))
             continue
         rows.append(

@@ -151,3 +151,10 @@ def test_over_budget_names_each_stage_past_the_limit(tiny_pipeline, flux1_pipeli
     assert over_budget(rows, None) == [] and over_budget(rows, 1.0) == []
     [warning] = over_budget(rows, rows[0].estimate.total / 2 / 1024**3)
     assert warning.startswith("stages.sft: about")
+
+
+def test_a_pipeline_that_cannot_be_read_here_gets_a_row_saying_why(tiny_pipeline) -> None:
+    model = {"family": "flux1", "pretrained": "nobody/not-cached-here", "lora": {"rank": 4}}
+    [row] = stage_memory(validate_pipeline(_config(tiny_pipeline, model)))  # HF_HUB_OFFLINE: no download
+    assert row.estimate is None and row.note.startswith("not estimated:") and "transformer" in row.note
+    assert over_budget([row], 1.0) == []
