@@ -148,22 +148,40 @@ def plan(
     set_: SetOpt = None,
     smoke: SmokeOpt = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="plan as if every node reruns")] = False,
+    gpu_memory: Annotated[
+        float | None,
+        typer.Option("--gpu-memory", min=1, help="GiB per GPU to check the estimates against (default: this GPU's)"),
+    ] = None,
 ) -> None:
-    """Print which nodes a run would reuse and which it would run (and why), without running anything."""
+    """Print which nodes a run would reuse and which it would run (and why), without running anything; then,
+    for stages of a real family, the estimated memory per GPU (from the pipeline's configs, no weights read)."""
     from rich.console import Console
     from rich.table import Table
 
     from flowpost.tasks.plan import plan_run
+    from flowpost.tasks.preflight import COLUMNS, cells, over_budget, stage_memory, visible_gpu_memory
     from flowpost.tasks.runner import PipelineRun
 
     config = _load(pipeline, set_, smoke=smoke)
+    console = Console(width=160)
     table = Table(title=f"plan of pipeline {config.name} in {workspace}")
     table.add_column("node")
     table.add_column("status")
     table.add_column("why", overflow="fold")
     for row in plan_run(PipelineRun(config, workspace), refresh=refresh):
         table.add_row(row.node, row.status, row.reason)
-    Console(width=160).print(table)
+    console.print(table)
+    memory = stage_memory(config)
+    if not memory:
+        return
+    estimates = Table(title="estimated memory per GPU (GiB; an estimate from the configs, not a measurement)")
+    for column in COLUMNS:
+        estimates.add_column(column, overflow="fold")
+    for row in memory:
+        estimates.add_row(*cells(row))
+    console.print(estimates)
+    for warning in over_budget(memory, gpu_memory if gpu_memory is not None else visible_gpu_memory()):
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 
 
 @app.command()

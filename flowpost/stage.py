@@ -24,6 +24,7 @@ from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConf
 from flowpost.core.distributed import leave_process_group
 from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.logging import get_logger
+from flowpost.core.models.attention import set_attention
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class, load_adapter
@@ -78,7 +79,7 @@ def build_validation(config: CallbacksConfig, spec: StageSpec, inputs: StageInpu
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     """A fresh model (seeded), the ``model.pretrained`` pipeline or the stage named by ``model.init``,
-    with LoRA and mixed precision when configured.
+    with its attention backend, and LoRA, mixed precision and compilation when configured.
 
     The encoder length of the stage's condition cache (``spec.extra["encoder"]``) is recorded on
     the adapter, so the saved model encodes new prompts the way it was trained.
@@ -106,6 +107,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         )
     if encoder.get("max_length") is not None:
         adapter.encoder_max_length = int(encoder["max_length"])
+    set_attention(adapter.module(), model.attention, where=f"stages.{spec.stage}.model.attention")
     if stage.launch.mixed_precision == "bf16":
         adapter.compute_dtype = torch.bfloat16
     lora = stage.model.lora
@@ -113,6 +115,9 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         with torch.random.fork_rng(devices=[]):  # adapters drawn from the seed alone, whatever ran before
             torch.manual_seed(spec.seed)
             adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
+    if model.compile is not None:
+        where = f"stages.{spec.stage}.model.compile"
+        adapter.compile_networks(regional=model.compile.regional, options=model.compile.options(), where=where)
     return adapter
 
 

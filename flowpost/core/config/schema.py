@@ -15,6 +15,7 @@ from pydantic import (
 
 from flowpost.core.config.base import StrictModel, non_finite_keys
 from flowpost.core.extras import DEEPSPEED_INSTALL, deepspeed_installed
+from flowpost.core.models.attention import DEFAULT_ATTENTION, diffusers_backend
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.optimizers import OptimizerConfig
@@ -330,6 +331,23 @@ class LoraConfig(StrictModel):
     targets: list[str] | None = Field(None, description="module names; default: the family's attention")
 
 
+class CompileConfig(StrictModel):
+    """``torch.compile`` of the transformer: each repeated block on its own (regional: one compilation serves
+    every block of a class, so it compiles in a fraction of the whole model's time) or the whole network."""
+
+    regional: bool = Field(True, description="compile each repeated transformer block; false: the whole network")
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile's mode"
+    )
+    backend: str = Field("inductor", min_length=1, description="torch.compile's backend (inductor, aot_eager, eager)")
+    fullgraph: bool = Field(False, description="fail on a graph break instead of running it eagerly")
+    dynamic: bool | None = Field(None, description="torch.compile's dynamic shapes; null: its own detection")
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``torch.compile``."""
+        return self.model_dump(exclude={"regional"})
+
+
 class ModelConfig(PretrainedOptions):
     """The model a stage trains: a registered family, initialised from scratch, a stage or the promoted export."""
 
@@ -352,6 +370,22 @@ class ModelConfig(PretrainedOptions):
         description="with pretrained: the family's own options (wan2: height, width, num_frames, fps, vae_tiling, "
         "gradient_checkpointing; flux1: resolution, distilled_guidance; qwen-image: resolution, cfg_norm)",
     )
+    attention: str = Field(
+        DEFAULT_ATTENTION,
+        description="the transformer's attention backend through diffusers' dispatch: sdpa (torch), flash, sage, "
+        "xformers, flex, ... (what the installed diffusers knows; its package must be installed)",
+    )
+
+    compile: CompileConfig | None = Field(
+        None, description="torch.compile the transformer (regional per block by default); null: eager"
+    )
+
+    @field_validator("attention")
+    @classmethod
+    def _known_attention(cls, value: str) -> str:
+        if value != DEFAULT_ATTENTION:
+            diffusers_backend(value)
+        return value
 
     @field_validator("transformer", "options")
     @classmethod
@@ -373,13 +407,17 @@ class ModelConfig(PretrainedOptions):
 
     @model_serializer(mode="wrap")
     def _omit_unused_fallback(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``fallback`` only with ``init: previous``, the pretrained options and the family's ``options`` only
-        when set, so other stages keep their params and fingerprints."""
+        """``fallback`` only with ``init: previous``, the pretrained options, the family's ``options``, a
+        non-default ``attention`` and ``compile`` only when set, so other stages keep their params and fingerprints."""
         data = handler(self)
         if self.init != "previous":
             data.pop("fallback", None)
         if not self.options:
             data.pop("options", None)
+        if self.attention == DEFAULT_ATTENTION:
+            data.pop("attention", None)
+        if self.compile is None:
+            data.pop("compile", None)
         return self._without_unset(data)
 
 

@@ -41,6 +41,7 @@ class ModelAdapter(ABC):
     fps: int = 16  # frames per second a video family's samples are written at
     options: ClassVar[tuple[str, ...]] = ()  # the constructor options ``model.options`` may set
     variants: ComponentVariants | None = None  # the trainable roles, once declared
+    compile_settings: tuple[bool, dict[str, Any]] | None = None  # (regional, torch.compile options) once compiled
 
     @classmethod
     @abstractmethod
@@ -107,6 +108,15 @@ class ModelAdapter(ABC):
     def role_networks(self) -> list[torch.nn.Module]:
         """Each trainable role's network (the network alone without declared roles): FSDP2 roots."""
         return [self.module()]
+
+    def compile_networks(self, *, regional: bool, options: dict[str, Any], where: str = "model.compile") -> None:
+        """``torch.compile`` every trainable role's network in place (its repeated blocks when ``regional``);
+        role copies declared later are compiled alike."""
+        from flowpost.core.models.compile import compile_network
+
+        self.compile_settings = (regional, dict(options))
+        for network in self.role_networks():
+            compile_network(network, regional=regional, options=options, where=where)
 
     def add_component_variants(self, roles: Sequence[str]) -> None:
         """Declare ordered trainable roles, each a live copy of the network (the first owns the base)."""

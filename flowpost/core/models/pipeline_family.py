@@ -66,11 +66,22 @@ class PipelineFamily(TransformerAdapter):
         raise FlowpostError(f"the {cls.family} family starts from pretrained weights: set it", where="model.pretrained")
 
     @classmethod
-    def _load(cls, source: PretrainedSource) -> tuple[torch.nn.Module, Any]:
+    def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
+        """The transformer (``weights=False``: on the meta device, from its config) and the scheduler."""
         import diffusers
 
-        transformer = source.load("transformer", getattr(diffusers, cls.transformer_class))
+        transformer = cls._transformer(source, getattr(diffusers, cls.transformer_class), weights=weights)
         return transformer, source.load("scheduler", diffusers.FlowMatchEulerDiscreteScheduler, weights=False)
+
+    @staticmethod
+    def _transformer(source: PretrainedSource, loader: Any, *, weights: bool) -> torch.nn.Module:
+        return source.load("transformer", loader) if weights else source.empty("transformer", loader)
+
+    @classmethod
+    def without_weights(cls, source: PretrainedSource, **options: Any) -> Self:
+        """This family on a meta-device transformer built from the pipeline's configs alone: the shapes,
+        parameter counts and latent size a stage would train, for sizing it; nothing runs on it."""
+        return cls(*cls._load(source, weights=False), source, **options)
 
     @classmethod
     def from_pipeline(cls, source: PretrainedSource, **options: Any) -> Self:

@@ -45,6 +45,19 @@ class PretrainedSource:
                 options[dtype_key] = getattr(torch, self.torch_dtype)
         return self._read(name, loader, loader.from_pretrained, options)
 
+    def empty(self, name: str, loader: Any) -> torch.nn.Module:
+        """Component ``name`` built from its config alone on the meta device, in ``torch_dtype`` (float32 when
+        unset, as diffusers loads it): its parameters' shapes and dtypes without reading any weight."""
+        config = self.config(name, loader)
+        with torch.device("meta"):
+            module = loader.from_config(config)
+        torch.nn.Module.to(module, getattr(torch, self.torch_dtype or "float32"))  # diffusers' to() warns here
+        kept = getattr(module, "_keep_in_fp32_modules", None) or []  # as from_pretrained keeps them
+        for path, child in module.named_modules():
+            if any(part in kept for part in path.split(".")):
+                child.float()
+        return module
+
     def config(self, name: str, loader: Any) -> dict[str, Any]:
         """Component ``name``'s config only (``loader.load_config``), without its weights."""
         return dict(self._read(name, loader, loader.load_config, {}))

@@ -33,9 +33,12 @@ class TransformerAdapter(ModelAdapter):
     def add_component_variants(self, roles: Sequence[str]) -> None:
         """One live variant of the transformer per role, before the parallel layout prepares it: with
         LoRA one adapter per role on the shared base, else a full copy per role (the first role's is
-        the transformer itself)."""
+        the transformer itself), compiled like the transformer when it is."""
         kind = RoleAdapters if has_lora(self.transformer) else ComponentVariants
         self.variants = kind(self.transformer, roles)
+        if self.compile_settings is not None:  # deep copies come back uncompiled
+            regional, options = self.compile_settings
+            self.compile_networks(regional=regional, options=options)
 
     def trainable_network(self) -> torch.nn.Module:
         return self.transformer if self.variants is None else self.variants.bundle

@@ -87,11 +87,12 @@ class Wan2Adapter(PipelineFamily):
         return super().from_pipeline(source, **options)
 
     @classmethod
-    def _load(cls, source: PretrainedSource) -> tuple[torch.nn.Module, Any]:
-        """The transformer, and the scheduler of the class its config names (Wan ships UniPC or flow-match Euler)."""
+    def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
+        """The transformer (``weights=False``: on the meta device), and the scheduler of the class its config
+        names (Wan ships UniPC or flow-match Euler)."""
         import diffusers
 
-        transformer = source.load("transformer", diffusers.WanTransformer3DModel)
+        transformer = cls._transformer(source, diffusers.WanTransformer3DModel, weights=weights)
         name = source.config("scheduler", diffusers.FlowMatchEulerDiscreteScheduler).get("_class_name")
         if name not in SCHEDULERS:
             raise FlowpostError(

@@ -1,0 +1,86 @@
+"""Print the README's memory table: the preflight's per-GPU estimate for the published transformer shapes in
+this folder (configs only, built on the meta device: nothing is downloaded and no weight is read).
+
+    PYTHONPATH=. python docs/shapes/memory_table.py
+
+Each row is a GRPO stage with bf16 weights and bf16 autocast, one training sample per GPU without CFG,
+``kl_beta`` 0.04 (a reference snapshot), no EMA; one GPU replicated (ddp), eight sharded (fsdp2).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.memory import GIB
+from flowpost.tasks.preflight import params_text, stage_estimate, stage_memory
+
+SHAPES = Path(__file__).resolve().parent
+FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {  # family -> (shape folder, label, options, tokens)
+    "sd3": ("sd3.5-medium", "SD3.5-Medium, 1024 px", {}, 256),
+    "flux1": ("flux1-dev", "FLUX.1-dev, 512 px", {"resolution": 512}, 512),
+    "qwen-image": ("qwen-image", "Qwen-Image, 512 px", {"resolution": 512}, 256),
+    "wan2": (
+        "wan2.1-t2v-1.3b",
+        "Wan2.1-T2V-1.3B, 480x832x33, checkpointed",
+        {"height": 480, "width": 832, "num_frames": 33, "gradient_checkpointing": True},
+        512,
+    ),
+}
+FINE_TUNES: dict[str, dict[str, int] | None] = {"lora": {"rank": 32}, "full": None}  # stage suffix -> model.lora
+
+
+def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
+    """One GRPO stage per family and fine-tune type on ``gpus`` GPUs."""
+    conditions, stages = {}, {}
+    for family, (folder, _, options, tokens) in FAMILIES.items():
+        source = {"family": family, "pretrained": str(SHAPES / folder)}
+        key = family.replace("-", "")
+        conditions[key] = {"model": source, "datasets": ["prompts"], "max_length": tokens}
+        for suffix, lora in FINE_TUNES.items():
+            stages[f"{key}-{suffix}"] = {
+                "trainer": "grpo",
+                "model": {**source, "torch_dtype": "bfloat16", "options": options, "lora": lora},
+                "data": {"dataset": "prompts", "conditions": key},
+                "rewards": [{"name": "jpeg_compressibility"}],
+                "train": {"iterations": 1, "prompts_per_iteration": gpus, "group_size": 2, "train_batch_size": gpus},
+                "launch": {"num_processes": gpus, "backend": "fsdp2" if gpus > 1 else "ddp", "mixed_precision": "bf16"},
+            }
+    return {
+        "name": "memory-table",
+        "datasets": {"prompts": {"source": "prompt-files", "path": str(prompts)}},
+        "conditions": conditions,
+        "stages": stages,
+        "evaluate": {"after": []},
+    }
+
+
+def table() -> str:
+    """The markdown table: family, fine-tune, trainable parameters, GiB per GPU at 1 and 8 GPUs."""
+    with tempfile.TemporaryDirectory() as folder:
+        prompts = Path(folder) / "prompts.txt"
+        prompts.write_text("a photo of a cat\n")
+        one = validate_pipeline(pipeline(prompts, 1))
+        eight = validate_pipeline(pipeline(prompts, 8))
+    lines = [
+        "| model (shape) | fine-tune | trainable | transformer | GiB per GPU, 1 GPU | GiB per GPU, 8 GPUs (fsdp2) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    labels = {f"{family.replace('-', '')}-": label for family, (_, label, _, _) in FAMILIES.items()}
+    for row in stage_memory(one):
+        assert row.footprint is not None and row.estimate is not None, row.note
+        label = next(text for prefix, text in labels.items() if row.stage.startswith(prefix))
+        at_eight = stage_estimate(eight, row.stage, row.footprint).total
+        lines.append(
+            f"| {label} | {row.fine_tune} | {params_text(row.footprint.trainable)} | "
+            f"{params_text(row.footprint.parameters - (row.footprint.trainable if row.fine_tune != 'full' else 0))} | "
+            f"{row.estimate.total / GIB:.1f} | {at_eight / GIB:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table() + "\n")

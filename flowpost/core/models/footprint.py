@@ -1,0 +1,55 @@
+"""What sizing a stage reads from its model: parameter counts and bytes, the transformer's width and
+repeated blocks, and the tokens one sample feeds it. Works alike on a loaded adapter and on one whose
+transformer sits on the meta device (``PipelineFamily.without_weights``), so no weight is read."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flowpost.core.models.base import ModelAdapter
+from flowpost.core.models.compile import repeated_block_classes
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    """One trainable network's size: all its parameters (LoRA layers included) and the trainable ones."""
+
+    parameters: int
+    trainable: int
+    weight_bytes: int  # every parameter in its own dtype
+    trainable_bytes: int  # the trainable ones in their dtype
+    blocks: int  # repeated transformer blocks
+    hidden: int  # attention heads x head width
+    image_tokens: int  # latent tokens of one sample (frames included)
+    checkpointing: bool  # gradient checkpointing: each block's activations recomputed in backward
+
+
+def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
+    """``adapter``'s network as it would train (after ``add_lora`` when the stage uses LoRA)."""
+    network = adapter.module()
+    params = list(network.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    config = network.config  # type: ignore[attr-defined]
+    classes = repeated_block_classes(network)
+    return ModelFootprint(
+        parameters=sum(p.numel() for p in params),
+        trainable=sum(p.numel() for p in trainable),
+        weight_bytes=sum(p.numel() * p.element_size() for p in params),
+        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        blocks=sum(type(module).__name__ in classes for module in network.modules()),
+        hidden=int(config.num_attention_heads) * int(config.attention_head_dim),
+        image_tokens=image_tokens(adapter),
+        checkpointing=bool(getattr(network, "is_gradient_checkpointing", False)),
+    )
+
+
+def image_tokens(adapter: ModelAdapter) -> int:
+    """Tokens the transformer sees per sample: packed latents' token count, or the latent grid over its patches."""
+    shape = adapter.latent_shape
+    if len(shape) == 2:  # already [tokens, channels]
+        return int(shape[0])
+    grid = shape[1:]
+    patch = adapter.module().config.patch_size  # type: ignore[attr-defined]
+    patches = tuple(patch) if isinstance(patch, (list, tuple)) else (1,) * (len(grid) - 2) + (patch, patch)
+    return math.prod(side // size for side, size in zip(grid, patches, strict=True))

@@ -1,0 +1,175 @@
+"""Memory preflight: each training stage of a real family, sized per GPU from its pipeline's configs alone
+(the transformer built on the meta device, LoRA added as the stage adds it; no weight is read)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from flowpost.core.config.schema import ModelConfig, PipelineConfig, StageConfig
+from flowpost.core.memory import GIB, MemoryEstimate, estimate_memory
+from flowpost.core.models.footprint import ModelFootprint, model_footprint
+from flowpost.core.models.pipeline_family import PipelineFamily
+from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.registry import adapter_class
+from flowpost.core.trainers.arguments import OnlineArguments, TrainerArguments
+from flowpost.core.trainers.registry import trainer_class
+from flowpost.errors import FlowpostError
+
+HALF = ("bfloat16", "float16")
+DEFAULT_TEXT_TOKENS = 16  # a stage without a condition cache (the schema's max_length default)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One stage's estimate, or why there is none (``note``)."""
+
+    stage: str
+    family: str
+    fine_tune: str  # "LoRA r32" or "full"
+    world_size: int
+    footprint: ModelFootprint | None = None
+    estimate: MemoryEstimate | None = None
+    note: str = ""
+
+
+def stage_memory(config: PipelineConfig) -> list[StageMemory]:
+    """The estimate of every training stage whose model is (or starts from) a real family's pipeline."""
+    rows = []
+    for name, stage in config.stages.items():
+        model = base_model(config, name)
+        if model is None:
+            continue
+        lora = stage.model.lora
+        fine_tune = f"LoRA r{lora.rank}" if lora is not None else "full"
+        world = stage.launch.num_processes
+        try:
+            footprint = stage_footprint(stage, model)
+        except (FlowpostError, AttributeError, KeyError, TypeError, ValueError) as error:  # a plan still prints
+            rows.append(StageMemory(name, model.family, fine_tune, world, note=f"not estimated: {error}"))
+            continue
+        rows.append(
+            StageMemory(name, model.family, fine_tune, world, footprint, stage_estimate(config, name, footprint))
+        )
+    return rows
+
+
+def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint) -> MemoryEstimate:
+    """Stage ``name``'s memory per GPU for a network of ``footprint``: its layout, roles, snapshots and batch."""
+    stage = config.stages[name]
+    model = base_model(config, name) or stage.model
+    return estimate_memory(
+        footprint,
+        world_size=stage.launch.num_processes,
+        backend=stage.launch.backend,
+        roles=max(1, len(trainer_class(stage.trainer).required_trainable_roles)),
+        snapshots=len(snapshot_names(stage)),
+        micro_batch=micro_batch_per_gpu(stage),
+        text_tokens=text_tokens(config, stage),
+        activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
+    )
+
+
+def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:
+    """The ``model`` with ``pretrained`` that ``stage`` trains or starts from (following ``model.init``)."""
+    seen = set()
+    while stage in config.stages and stage not in seen:
+        seen.add(stage)
+        model = config.stages[stage].model
+        if model.pretrained is not None:
+            return model
+        stage = model.init
+    return None
+
+
+def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
+    """The stage's network sized without weights: its family on a meta-device transformer, with its LoRA."""
+    cls = adapter_class(model.family, where="model.family")
+    if not issubclass(cls, PipelineFamily):
+        raise FlowpostError(f"family {model.family!r} is not loaded from a diffusers pipeline", where="model.family")
+    assert model.pretrained is not None
+    components = model.components or {}
+    source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype, components)
+    adapter = cls.without_weights(source, **model.options)
+    lora = stage.model.lora
+    if lora is not None:
+        with torch.device("meta"):
+            adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
+    return model_footprint(adapter)
+
+
+def snapshot_names(stage: StageConfig) -> list[str]:
+    """The snapshots the stage's trainer and callbacks hold (what their ``setup`` captures)."""
+    args = stage.arguments()
+    names = ["ema"] if stage.callbacks.ema is not None else []
+    if _positive(args, "kl_beta") or stage.trainer in ("online-dpo", "offline-dpo"):
+        names.append("ref")
+    if stage.trainer == "nft":
+        names.append("old")
+    if _positive(args, "ema_kl_beta"):
+        names.append("anchor")
+    if stage.trainer in ("dmd2", "tdm", "consistency", "kd", "diffusion-opd"):
+        names.append("teacher")
+    return names
+
+
+def _positive(args: TrainerArguments, name: str) -> bool:
+    return float(getattr(args, name, 0.0) or 0.0) > 0
+
+
+def micro_batch_per_gpu(stage: StageConfig) -> int:
+    """Samples one GPU trains at once: the global micro-batch over the ranks, twice with true CFG in training."""
+    args = stage.arguments()
+    if isinstance(args, OnlineArguments):
+        guided = stage.sampling is not None and stage.sampling.guidance != 1.0
+        return math.ceil(args.train_batch_size / stage.launch.num_processes) * (2 if guided else 1)
+    return math.ceil(int(getattr(args, "batch_size", 1)) / stage.launch.num_processes)
+
+
+def text_tokens(config: PipelineConfig, stage: StageConfig) -> int:
+    """The token length of the stage's condition cache."""
+    if stage.data is None or stage.data.conditions not in config.conditions:
+        return DEFAULT_TEXT_TOKENS
+    return config.conditions[stage.data.conditions].max_length
+
+
+def visible_gpu_memory() -> float | None:
+    """GiB of the first visible CUDA device, or None without one."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def over_budget(rows: list[StageMemory], gpu_memory: float | None) -> list[str]:
+    """A warning for each stage whose estimate exceeds ``gpu_memory`` GiB."""
+    if gpu_memory is None:
+        return []
+    return [
+        f"stages.{row.stage}: about {row.estimate.total / GIB:.1f} GiB per GPU, over the {gpu_memory:.0f} GiB of "
+        "the GPU; lower train_batch_size or the resolution, use LoRA or a lower rank, gradient checkpointing, "
+        "or launch.backend: fsdp2 over more processes"
+        for row in rows
+        if row.estimate is not None and row.estimate.total > gpu_memory * GIB
+    ]
+
+
+COLUMNS = (
+    *("stage", "family", "fine-tune", "GPUs", "trainable"),
+    *("weights", "grads", "Adam", "snapshots", "activations", "total"),
+)
+
+
+def cells(row: StageMemory) -> list[str]:
+    """``row`` as the ``COLUMNS`` of a table: parameter counts in billions or millions, memory in GiB."""
+    head = [row.stage, row.family, row.fine_tune, str(row.world_size)]
+    if row.estimate is None or row.footprint is None:
+        return [*head, row.note, *[""] * (len(COLUMNS) - len(head) - 1)]
+    e = row.estimate
+    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.total)
+    return [*head, params_text(row.footprint.trainable), *(f"{part / GIB:.1f}" for part in parts)]
+
+
+def params_text(count: int) -> str:
+    return f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"

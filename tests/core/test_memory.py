@@ -1,0 +1,62 @@
+"""The per-GPU memory estimate against its closed forms: sharding, roles, snapshots, activations."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowpost.core.memory import ACTIVATION_BYTES, ADAM_MOMENTS, SNAPSHOT_ITEMSIZE, estimate_memory
+from flowpost.core.models.footprint import ModelFootprint
+
+FULL = ModelFootprint(
+    parameters=1000, trainable=1000, weight_bytes=2000, trainable_bytes=2000,
+    blocks=3, hidden=8, image_tokens=10, checkpointing=False,
+)  # fmt: skip
+LORA = ModelFootprint(
+    parameters=1100, trainable=100, weight_bytes=2400, trainable_bytes=400,
+    blocks=3, hidden=8, image_tokens=10, checkpointing=False,
+)  # fmt: skip
+
+
+def _estimate(footprint: ModelFootprint, **options: object):  # noqa: ANN202
+    settings = {"world_size": 1, "backend": "ddp", "micro_batch": 1, "text_tokens": 6, "activation_itemsize": 2}
+    return estimate_memory(footprint, **{**settings, **options})  # type: ignore[arg-type]
+
+
+def test_full_fine_tuning_holds_weights_gradients_and_two_moments_in_the_parameters_dtype() -> None:
+    estimate = _estimate(FULL, snapshots=1)
+    assert (estimate.weights, estimate.gradients, estimate.optimizer) == (2000, 2000, ADAM_MOMENTS * 2000)
+    assert estimate.snapshots == 1000 * SNAPSHOT_ITEMSIZE
+
+
+def test_lora_trains_and_snapshots_the_adapters_only() -> None:
+    estimate = _estimate(LORA, snapshots=2)
+    assert estimate.weights == 2400 and estimate.gradients == 400 and estimate.optimizer == 800
+    assert estimate.snapshots == 2 * 100 * SNAPSHOT_ITEMSIZE
+
+
+def test_a_second_trainable_role_doubles_the_trainable_part_not_the_frozen_base() -> None:
+    one, two = _estimate(LORA), _estimate(LORA, roles=2)
+    assert two.weights - one.weights == 400 and two.gradients == 2 * one.gradients
+
+
+@pytest.mark.parametrize(
+    ("backend", "weights", "states"), [("ddp", 1.0, 1.0), ("deepspeed-zero2", 1.0, 1 / 8), ("fsdp2", 1 / 8, 1 / 8)]
+)
+def test_sharding_by_backend(backend: str, weights: float, states: float) -> None:
+    one, eight = _estimate(FULL, snapshots=1), _estimate(FULL, snapshots=1, world_size=8, backend=backend)
+    assert eight.weights == pytest.approx(one.weights * weights) and eight.snapshots == pytest.approx(
+        one.snapshots * weights
+    )
+    assert eight.gradients == pytest.approx(one.gradients * states)
+    assert eight.optimizer == pytest.approx(one.optimizer * states)
+
+
+def test_activations_grow_with_tokens_and_batch_and_shrink_with_checkpointing() -> None:
+    tokens = 10 + 6
+    plain = _estimate(FULL, micro_batch=2)
+    assert plain.activations == 2 * 3 * tokens * 8 * ACTIVATION_BYTES
+    assert _estimate(FULL, micro_batch=2, activation_itemsize=4).activations == 2 * plain.activations
+    checkpointed = ModelFootprint(**{**FULL.__dict__, "checkpointing": True})
+    assert _estimate(checkpointed, micro_batch=2).activations == 2 * (
+        3 * tokens * 8 * 2 + tokens * 8 * ACTIVATION_BYTES
+    )

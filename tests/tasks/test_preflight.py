@@ -1,0 +1,160 @@
+"""The memory preflight: the stage's network sized from its pipeline's configs alone, and ``flowpost plan``'s table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_flux1_pipeline import RESOLUTION
+from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH
+
+from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.models.footprint import model_footprint
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.stage import build_adapter
+from flowpost.tasks.preflight import over_budget, snapshot_names, stage_memory
+
+ROOT = Path(__file__).parents[2]
+SHAPES = ROOT / "docs" / "shapes"
+OPTIONS: dict[str, dict[str, Any]] = {
+    "sd3": {},
+    "flux1": {"resolution": RESOLUTION},
+    "qwen-image": {"resolution": RESOLUTION},
+    "wan2": {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "gradient_checkpointing": True},
+}
+
+
+def _config(tiny_pipeline, model: dict[str, Any], **stage: Any) -> dict[str, Any]:
+    config = tiny_pipeline()
+    config["stages"]["sft"]["model"] = model
+    config["stages"]["sft"].update(stage)
+    encoders = {"family": model["family"], "pretrained": model["pretrained"]}
+    config["conditions"]["own"] = {"model": encoders, "datasets": ["digits"], "max_length": 8}
+    config["stages"]["sft"]["data"]["conditions"] = "own"
+    return config
+
+
+@pytest.fixture(params=sorted(OPTIONS))
+def family_dir(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    fixture = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2"}[request.param]
+    return request.param, request.getfixturevalue(f"{fixture}_pipeline_dir")
+
+
+@pytest.mark.parametrize("lora", [None, {"rank": 2}], ids=["full", "lora"])
+def test_the_estimates_parameter_part_is_the_loaded_models(
+    tiny_pipeline, family_dir: tuple[str, Path], lora: dict | None, tmp_path: Path
+) -> None:
+    family, folder = family_dir
+    model = {"family": family, "pretrained": str(folder), "options": OPTIONS[family], "lora": lora}
+    config = validate_pipeline(_config(tiny_pipeline, model))
+    [row] = stage_memory(config)
+    loaded = build_adapter(config.stages["sft"], StageSpec(stage="sft", seed=0, config={}, output_dir=str(tmp_path)))
+    assert row.footprint == model_footprint(loaded)  # counts, bytes, blocks, width, tokens, checkpointing
+    params = list(loaded.module().parameters())
+    assert row.footprint.parameters == sum(p.numel() for p in params)
+    assert row.footprint.trainable == sum(p.numel() for p in params if p.requires_grad)
+    assert (row.fine_tune == "full") == (lora is None) and row.footprint.checkpointing == (family == "wan2")
+
+
+def test_stages_without_a_real_family_get_no_row_and_an_init_chain_finds_its_pipeline(
+    tiny_pipeline, flux1_pipeline_dir: Path
+) -> None:
+    assert stage_memory(validate_pipeline(tiny_pipeline())) == []
+    model = {"family": "flux1", "pretrained": str(flux1_pipeline_dir), "options": OPTIONS["flux1"]}
+    config = _config(tiny_pipeline, model)
+    config["stages"]["more"] = {**config["stages"]["sft"], "model": {"family": "flux1", "init": "sft"}}
+    rows = stage_memory(validate_pipeline(config))
+    assert [row.stage for row in rows] == ["sft", "more"] and rows[0].footprint == rows[1].footprint
+
+
+def test_snapshots_follow_the_trainer_and_callbacks(tiny_pipeline, flux1_pipeline_dir: Path) -> None:
+    model = {"family": "flux1", "pretrained": str(flux1_pipeline_dir), "options": OPTIONS["flux1"]}
+
+    def names(trainer: str, train: dict[str, Any], ema: bool) -> list[str]:
+        rewards = [] if trainer == "sft" else [{"name": "jpeg_compressibility"}]
+        config = _config(tiny_pipeline, model, trainer=trainer, train=train, rewards=rewards)
+        config["stages"]["sft"]["callbacks"] = {"ema": {"decay": 0.9}} if ema else {}
+        return snapshot_names(validate_pipeline(config).stages["sft"])
+
+    assert names("sft", {"max_steps": 1}, ema=True) == ["ema"]
+    assert names("grpo", {"iterations": 1, "kl_beta": 0.04}, ema=False) == ["ref"]
+    assert names("grpo", {"iterations": 1}, ema=False) == []
+    assert names("nft", {"iterations": 1, "kl_beta": 0.0}, ema=True) == ["ema", "old"]
+    assert names("awm", {"iterations": 1, "kl_beta": 0.001, "ema_kl_beta": 0.1}, ema=False) == ["ref", "anchor"]
+
+
+def _shape_pipeline(tmp_path: Path, lora: dict | None) -> dict[str, Any]:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    folder = str(SHAPES / "flux1-dev")
+    model = {"family": "flux1", "pretrained": folder, "torch_dtype": "bfloat16", "options": {"resolution": 512}}
+    return {
+        "name": "flux-shape",
+        "datasets": {"prompts": {"source": "prompt-files", "path": str(prompts)}},
+        "conditions": {"flux": {"model": {"family": "flux1", "pretrained": folder}, "datasets": ["prompts"]}},
+        "stages": {
+            "grpo": {
+                "trainer": "grpo",
+                "model": {**model, "lora": lora},
+                "data": {"dataset": "prompts", "conditions": "flux"},
+                "rewards": [{"name": "jpeg_compressibility"}],
+                "train": {"iterations": 1, "prompts_per_iteration": 1, "group_size": 2, "train_batch_size": 1},
+                "launch": {"mixed_precision": "bf16"},
+            }
+        },
+        "evaluate": {"after": []},
+    }
+
+
+def test_the_published_flux_shape_fits_80_gib_with_lora_not_fully_fine_tuned(tmp_path: Path) -> None:
+    """FLUX.1-dev's transformer (11.9 B parameters) from its config alone, bf16 weights, one sample per GPU."""
+    [full] = stage_memory(validate_pipeline(_shape_pipeline(tmp_path, None)))
+    assert full.footprint is not None and full.estimate is not None
+    assert round(full.footprint.parameters / 1e9, 2) == 11.90 and full.footprint.trainable == full.footprint.parameters
+    assert full.estimate.optimizer == 2 * full.estimate.gradients == 4 * full.footprint.parameters  # bf16 AdamW
+    assert [warning.split(":")[0] for warning in over_budget([full], 80)] == ["stages.grpo"]
+    [lora] = stage_memory(validate_pipeline(_shape_pipeline(tmp_path, {"rank": 32})))
+    assert lora.footprint is not None and lora.footprint.trainable < full.footprint.parameters / 100
+    assert over_budget([lora], 80) == []
+
+
+@pytest.mark.slow
+def test_plan_prints_the_estimate_table_and_the_warning(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.json"
+    path.write_text(json.dumps(_shape_pipeline(tmp_path, None)))
+    command = [
+        sys.executable,
+        "-m",
+        "flowpost.cli",
+        "plan",
+        str(path),
+        "-w",
+        str(tmp_path / "ws"),
+        "--gpu-memory",
+        "80",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "estimated memory per GPU" in done.stdout and "11.90 B" in done.stdout
+    assert "warning: stages.grpo: about" in done.stdout and "over the 80 GiB" in done.stdout
+
+
+def test_over_budget_names_each_stage_past_the_limit(tiny_pipeline, flux1_pipeline_dir: Path) -> None:
+    model = {"family": "flux1", "pretrained": str(flux1_pipeline_dir), "options": OPTIONS["flux1"]}
+    rows = stage_memory(validate_pipeline(_config(tiny_pipeline, model)))
+    assert over_budget(rows, None) == [] and over_budget(rows, 1.0) == []
+    [warning] = over_budget(rows, rows[0].estimate.total / 2 / 1024**3)
+    assert warning.startswith("stages.sft: about")
+
+
+def test_a_pipeline_that_cannot_be_read_here_gets_a_row_saying_why(tiny_pipeline) -> None:
+    model = {"family": "flux1", "pretrained": "nobody/not-cached-here", "lora": {"rank": 4}}
+    [row] = stage_memory(validate_pipeline(_config(tiny_pipeline, model)))  # HF_HUB_OFFLINE: no download
+    assert row.estimate is None and row.note.startswith("not estimated:") and "transformer" in row.note
+    assert over_budget([row], 1.0) == []
