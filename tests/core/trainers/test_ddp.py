@@ -107,6 +107,28 @@ def test_lora_sft_on_two_processes_matches_one_process(tmp_path, data_dirs, fres
     _two_processes_match_one(tmp_path, data_dirs, fresh_weights, "sft", SFT, stage, backend=backend)
 
 
+DMD2 = {
+    "iterations": 2,
+    "prompts_per_iteration": 4,
+    "rollout_batch_size": 4,
+    "train_batch_size": 2,
+    "ttur": 2,
+    "log_every": 1,
+}
+ROLES = {
+    "sampling": {"dynamics": "ode", "steps": 2},
+    "optimizers": {"generator": {"lr": 1e-3}, "fake_score": {"lr": 1e-3, "warmup_steps": 3}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2"], ids=["ddp", "fsdp"])
+def test_a_multi_role_dmd2_stage_on_two_processes_matches_one_process(
+    tmp_path, data_dirs, fresh_weights, backend
+) -> None:
+    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, "dmd2", DMD2, ROLES, backend=backend)
+
+
 BF16 = {"launch": {"mixed_precision": "bf16"}}
 
 
