@@ -1,5 +1,5 @@
 """A multi-role (dmd2) stage killed with SIGKILL resumes to the same weights and optimizer state in
-every role as an uninterrupted run, on one process and on two (ddp)."""
+every role as an uninterrupted run, on one process and on two (ddp and fsdp2)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def _equal(a: object, b: object) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("processes", "backend"), [(1, "ddp"), (2, "ddp")])  # fsdp2 with roles: not yet exact
+@pytest.mark.parametrize(("processes", "backend"), [(1, "ddp"), (2, "ddp"), (2, "fsdp2")])
 def test_sigkill_mid_dmd2_stage_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_pipeline, processes, backend):
     run = PipelineRun(validate_pipeline(_dmd2_pipeline(tiny_pipeline, processes, backend)), tmp_path / "ws")
     for node in ("acquire.digits", "conditions.minilm"):

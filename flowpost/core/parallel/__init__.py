@@ -69,8 +69,9 @@ class ParallelLayout(Protocol):
         self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
     ) -> None: ...
 
-    def snapshot_from_state(self, tensors: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-        """Whole snapshot tensors laid out like ``model``'s parameters."""
+    def snapshot_from_state(self, tensors: dict[str, torch.Tensor], network: nn.Module) -> dict[str, torch.Tensor]:
+        """Whole snapshot tensors laid out like the parameters of ``network``, the one the snapshot was
+        captured from (``adapter.module()``: with roles, the first role's network, not the bundle)."""
         ...
 
     def whole_weights(self, adapter: ModelAdapter, snapshot: str | None) -> AbstractContextManager[ModelAdapter | None]:

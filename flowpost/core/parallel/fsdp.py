@@ -62,10 +62,10 @@ class Sharded(Replicated):
 
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
-    def snapshot_from_state(self, tensors: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    def snapshot_from_state(self, tensors: dict[str, torch.Tensor], network: nn.Module) -> dict[str, torch.Tensor]:
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        params = dict(model.named_parameters())
+        params = dict(network.named_parameters())
         return {
             key: distribute_tensor(value.to(params[key].device), params[key].device_mesh, params[key].placements)
             if isinstance(params[key], DTensor)

@@ -73,7 +73,7 @@ class Replicated:
 
         set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
-    def snapshot_from_state(self, tensors: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    def snapshot_from_state(self, tensors: dict[str, torch.Tensor], network: nn.Module) -> dict[str, torch.Tensor]:
         return tensors
 
     @contextmanager

@@ -120,8 +120,10 @@ class CheckpointManager:
             layout.load_optimizer_state(self.model, optimizer.optimizer, state.roles[role]["optimizer"])
             optimizer.scheduler.load_state_dict(state.roles[role]["scheduler"])
             optimizer.updates = int(updates[role])
+        network = self.adapter.module()  # what snapshots are keyed by: the first role's network, not the bundle
         for name, tensors in state.snapshots.items():
-            self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, self.model))
+            _check_snapshot_names(path, name, tensors, network)
+            self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, network))
         torch.set_rng_state(state.rng["torch"])
         self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
         resumed = Resumed(
@@ -143,3 +145,14 @@ class CheckpointManager:
                         whole.save_pretrained(tmp)
         if self.accelerator.is_main_process:
             write_json_atomic(self.output_dir / "final" / "progress.json", progress.to_dict())
+
+
+def _check_snapshot_names(path: Path, name: str, tensors: dict[str, torch.Tensor], network: torch.nn.Module) -> None:
+    """Snapshot ``name`` of checkpoint ``path`` names only parameters of ``network``."""
+    unknown = sorted(set(tensors) - {key for key, _ in network.named_parameters()})
+    if unknown:
+        raise FlowpostError(
+            f"checkpoint {path} holds snapshot {name!r} with {len(unknown)} parameter(s) the network lacks "
+            f"(e.g. {unknown[0]!r}); start the stage over with --no-resume",
+            where=str(path),
+        )

@@ -102,6 +102,25 @@ def test_a_resumed_dmd2_stage_matches_an_uninterrupted_one_in_every_role(make_tr
     assert any(not torch.equal(teacher[k], live[k].detach()) for k in teacher)  # the teacher stayed frozen
 
 
+def test_snapshots_are_keyed_by_the_first_roles_network_and_a_checkpoint_naming_others_is_refused(
+    make_trainer, tmp_path
+):
+    import dataclasses
+
+    from flowpost.core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+
+    trainer = _dmd2(make_trainer, tmp_path, iterations=1, checkpoint_every=1)
+    trainer.start()
+    state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"), verified=True)
+    network = {name for name, _ in trainer.adapter.variants.module(GENERATOR).named_parameters()}
+    assert set(state.snapshots[TEACHER]) == network  # not the bundle's role-prefixed names
+    assert {key.split(".")[0] for key in state.model} == {GENERATOR, FAKE_SCORE}
+    prefixed = {f"{GENERATOR}.{key}": value for key, value in state.snapshots[TEACHER].items()}
+    save_checkpoint(tmp_path / "checkpoints", dataclasses.replace(state, step=2, snapshots={TEACHER: prefixed}))
+    with pytest.raises(FlowpostError, match=r"step-2 holds snapshot 'teacher' with .* the network lacks.*--no-resume"):
+        _dmd2(make_trainer, tmp_path, iterations=2, checkpoint_every=1).start()
+
+
 def test_guided_real_scores_need_and_use_the_null_prompt(make_trainer, tmp_path):
     trainer = _dmd2(make_trainer, tmp_path, iterations=1, real_guidance=3.0)
     assert trainer.null is not None and len(trainer.null) == 1

@@ -76,6 +76,14 @@ def test_muon_is_rejected_on_a_sharded_backend(tiny_pipeline):
         validate_pipeline(config)
 
 
+def test_zero2_is_rejected_for_a_multi_role_stage(tiny_pipeline):
+    config = _pipeline(tiny_pipeline, launch={"num_processes": 2, "backend": "deepspeed-zero2"})
+    with pytest.raises(FlowpostError, match="stages.dmd2.launch.backend: deepspeed-zero2 steps one optimizer"):
+        validate_pipeline(config)
+    config["stages"]["dmd2"]["launch"]["backend"] = "fsdp2"
+    assert validate_pipeline(config).stages["dmd2"].launch.backend == "fsdp2"
+
+
 @pytest.mark.parametrize(
     ("roles", "message"),
     [(("generator", "generator"), "declared more than once"), (("generator", "teacher"), "a snapshot")],
