@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from flowpost.core.rewards.base import Reward
 
 REWARDS: dict[str, str] = {
+    "brightness": "flowpost.core.rewards.brightness:BrightnessReward",
     "clip_score": "flowpost.core.rewards.clip:ClipScore",
     "digit_adherence": "flowpost.core.rewards.digit_adherence:DigitAdherence",
     "jpeg_compressibility": "flowpost.core.rewards.jpeg:JpegCompressibility",
