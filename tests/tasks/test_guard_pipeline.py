@@ -43,7 +43,7 @@ def hacked_pipeline() -> dict[str, Any]:
                 "model": {"family": "tiny-sd3", "init": "sft", "init_weights": "ema"},
                 "data": data,
                 "sampling": {"dynamics": "flow-sde", "steps": 8, "noise_level": 0.7},
-                "rewards": [{"name": "brightness"}],
+                "rewards": [{"name": "mean_brightness"}],
                 "train": {
                     "lr": 5e-4,
                     "iterations": 16,
@@ -72,7 +72,7 @@ def test_the_guard_stops_a_hacked_reward_at_the_last_good_checkpoint(tmp_path: P
     assert fired < start - MAX_DROP and "adherence" in guard["violations"][0]
 
     events = read_events(run.path("train.hack") / "events.jsonl")
-    rewards = [e["metrics"]["reward/brightness_mean"] for e in events if e["event"] == "step"]
+    rewards = [e["metrics"]["reward/mean_brightness_mean"] for e in events if e["event"] == "step"]
     assert rewards[guard["at"] - 1] > rewards[0] + 0.02  # brightness rose while the judge fell
 
     good = guard["ended_with_step"]

@@ -33,11 +33,10 @@ def metric_names() -> list[str]:
 
 
 def metric_parameters(name: str, *, where: str) -> list[str]:
-    """Names of the options the metric (or reward) registered as ``name`` accepts; a name registered as
-    both is the metric."""
-    if name in REWARDS and name not in METRICS:
+    """Names of the options the metric (or reward) registered as ``name`` accepts."""
+    if name in REWARDS:
         return reward_parameters(name, where=where)
-    cls = import_registered({**REWARDS, **METRICS}, name, kind="metric", where=where)
+    cls = import_registered({**METRICS, **REWARDS}, name, kind="metric", where=where)
     return list(inspect.signature(cls).parameters)
 
 
@@ -55,7 +54,7 @@ def build_metric(name: str, *, options: dict[str, Any], where: str, assets_dir: 
                 where=where,
             )
         options[ASSETS] = assets_dir
-    if name in REWARDS and name not in METRICS:
+    if name in REWARDS:
         return RewardMetric(build_reward(name, options=options, where=where))
     cls = import_registered(METRICS, name, kind="metric", where=where)
     return construct(cls, kind="metric", name=name, options=options, where=where)
