@@ -13,6 +13,7 @@ from flowpost.tasks.promote import DECISION_FILE
 
 RUN_FIELDS = ("n_samples", "step", "weights", "seed", "smoke")
 GAP_FIELDS = (TRAINED_REWARD, GAP)
+GUARD_FIELDS = ("fired", "checks", "at", "ended_with")  # a guarded stage's guard in metrics.json
 
 
 def write_report(
@@ -25,8 +26,9 @@ def write_report(
     guard_dirs: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
-    [intervals], [guard]}}`` to each out dir; report.md adds what the guards of ``guard_dirs`` (stage ->
-    training folder) decided, the sample grids (embedded), the export and the promotion gate's decision."""
+    [intervals], [guard: {fired, checks, at, ended_with}]}}`` to each out dir; report.md adds what the guards
+    of ``guard_dirs`` (stage -> training folder) decided, the sample grids (embedded), the export and the
+    promotion gate's decision."""
     metrics: dict[str, Any] = {}
     headlines: dict[str, str] = {}
     for stage, directory in eval_dirs.items():
@@ -40,7 +42,7 @@ def write_report(
     guards = {stage: guard_outcome(record) for stage, record in records.items() if record is not None}
     for stage, outcome in guards.items():
         if stage in metrics:
-            metrics[stage]["guard"] = outcome
+            metrics[stage]["guard"] = {key: outcome[key] for key in GUARD_FIELDS if key in outcome}
     lines = [f"# {name}", "", *_table(metrics)]
     if guards:
         lines += ["", "## Guards", "", *(f"- {describe_guard(stage, o)}" for stage, o in guards.items())]
