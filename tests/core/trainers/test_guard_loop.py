@@ -1,5 +1,6 @@
 """The loop with a guard: the baseline at the start, checks at its cadence, each passed check
-checkpointed, a violation ending the stage with the last checkpoint that passed, its checks resumed."""
+checkpointed, a violation ending the stage with the last checkpoint that passed (which the export and
+the report then describe), its checks resumed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from flowpost.core.events import read_events
 from flowpost.core.io import read_json
 from flowpost.data.stage_inputs import condition_table
 from flowpost.errors import FlowpostError
+from flowpost.tasks.export import export_stage
+from flowpost.tasks.report import write_report
 
 PROMPTS = ["digit 1", "digit 7"]
 ENCODER = "test-encoder"  # the encoder fingerprint of the fixture's condition cache
@@ -79,6 +82,21 @@ def test_a_violation_ends_the_stage_with_the_last_checkpoint_that_passed(make_tr
     fired = next(e for e in events if e["event"] == "guard" and e["violations"])
     assert fired["last_good"] == 0
     assert events[-1]["event"] == "done" and events[-1]["step"] == 0
+
+
+def test_the_export_and_the_report_say_the_guard_fired(make_trainer, make_guard, tmp_path):
+    stage_dir = tmp_path / "stage"
+    make_trainer(stage_dir, max_steps=4, guard=make_guard(Band(max_change=1e-7))).start()
+    out = tmp_path / "export"
+    manifest = export_stage(
+        stage="sft", train_dir=stage_dir, out_dir=out, weights="live", resolved_config={}, fingerprints={}
+    )
+    assert manifest["step"] == 0 and manifest["guard"]["fired"] and manifest["guard"]["ended_with_step"] == 0
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "Guard: guard of stage 'sft' fired after 2 budget units" in card
+    write_report(name="t", eval_dirs={}, export_dir=None, out_dirs=[tmp_path / "report"], guard_dirs={"sft": stage_dir})
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Guards" in report and "brightness" in report and "last good checkpoint, after 0 budget units" in report
 
 
 def test_a_resumed_stage_keeps_its_baseline_and_checks(make_trainer, make_guard, tmp_path):
