@@ -45,8 +45,8 @@ def hacked_pipeline() -> dict[str, Any]:
                 "sampling": {"dynamics": "flow-sde", "steps": 8, "noise_level": 0.7},
                 "rewards": [{"name": "mean_brightness"}],
                 "train": {
-                    "lr": 5e-4,
-                    "iterations": 16,
+                    "lr": 1.5e-4,
+                    "iterations": 12,
                     "prompts_per_iteration": 4,
                     "group_size": 8,
                     "rollout_batch_size": 32,
@@ -54,7 +54,7 @@ def hacked_pipeline() -> dict[str, Any]:
                     "clip_range": 1e-3,
                     "log_every": 1,
                 },
-                "guard": {"metric": "adherence", "max_drop": MAX_DROP, "every": 2, **CHECK},
+                "guard": {"metric": "adherence", "max_drop": MAX_DROP, "every": 1, **CHECK},
             },
         },
         "evaluate": {"after": ["hack"], "weights": "live", **CHECK},
@@ -73,9 +73,10 @@ def test_the_guard_stops_a_hacked_reward_at_the_last_good_checkpoint(tmp_path: P
 
     events = read_events(run.path("train.hack") / "events.jsonl")
     rewards = [e["metrics"]["reward/mean_brightness_mean"] for e in events if e["event"] == "step"]
-    assert rewards[guard["at"] - 1] > rewards[0] + 0.02  # brightness rose while the judge fell
+    assert rewards[guard["at"] - 1] > rewards[0] + 0.03  # brightness rose while the judge fell
 
     good = guard["ended_with_step"]
+    assert good == guard["at_step"] - 1  # the check before the violation (one optimizer step per iteration)
     exported = load_file(run.path("export") / "transformer" / "diffusion_pytorch_model.safetensors")
     checkpoint = load_file(run.path("train.hack") / "checkpoints" / f"step-{good}" / "model.safetensors")
     assert exported.keys() == checkpoint.keys()
@@ -83,6 +84,6 @@ def test_the_guard_stops_a_hacked_reward_at_the_last_good_checkpoint(tmp_path: P
     assert read_json(run.path("export") / "export.json")["step"] == good
 
     judged = read_json(run.path("eval.hack") / "metrics.json")
-    assert judged["step"] == good and judged["adherence"] >= start - MAX_DROP
+    assert judged["step"] == good and start - judged["adherence"] <= MAX_DROP  # the guard's own criterion
     report = (run.path("report") / "report.md").read_text()
     assert "guard of stage 'hack' fired" in report
