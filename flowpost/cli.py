@@ -66,6 +66,7 @@ def run(
     from flowpost.core.config.loading import pipeline_to_dict
     from flowpost.core.process_group import export_topology
     from flowpost.flows.api import check_prefect_api
+    from flowpost.tasks.guard_record import describe_guard
     from flowpost.tasks.interrupts import stop_run_on_signals
     from flowpost.tasks.workspace_lock import workspace_lock
 
@@ -93,6 +94,10 @@ def run(
         table.add_row(result.node, result.status, f"{result.seconds:.1f}", str(result.path))
     console = Console()
     console.print(table)
+    for result in results:
+        guard = result.outputs.get("guard")
+        if guard is not None and guard["fired"]:
+            console.print(f"[bold yellow]warning:[/] {describe_guard(result.node.removeprefix('train.'), guard)}")
     metrics = workspace / "metrics.json"
     if metrics.exists():
         console.print(f"metrics: {metrics}\n{metrics.read_text()}")
@@ -372,9 +377,9 @@ def reward_server(
 
 
 def _print_event(event: Event) -> None:
-    from flowpost.core.events import StartEvent
+    from flowpost.core.events import GuardEvent, StartEvent
 
-    typer.echo(event.describe())
+    typer.echo(("warning: " if isinstance(event, GuardEvent) and event.violations else "") + event.describe())
     if isinstance(event, StartEvent) and (warning := event.resume_warning()):
         typer.echo(f"warning: {warning}")
 

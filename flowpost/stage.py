@@ -20,8 +20,11 @@ from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import TrackingCallback
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import CallbacksConfig, RewardConfig, StageConfig
+from flowpost.core.config.schema import CallbacksConfig, GuardConfig, RewardConfig, StageConfig
 from flowpost.core.distributed import leave_process_group
+from flowpost.core.evaluation.guard import Band, HeldOut, Judge, StageGuard
+from flowpost.core.evaluation.plan import EvalPlan
+from flowpost.core.evaluation.registry import build_metric
 from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.logging import get_logger
 from flowpost.core.models.attention import set_attention
@@ -38,12 +41,14 @@ from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.registry import trainer_class
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec
 from flowpost.core.trainers.stop import StageStopped, stop_on_sigterm
+from flowpost.data.eval_split import read_eval_split
 from flowpost.data.stage_inputs import load_stage_inputs
 from flowpost.errors import FlowpostError
 
 log = get_logger(__name__)
 PR_SET_PDEATHSIG = 1
 PARENT_GONE = 3  # exit code when the orchestrator died before this process could follow it
+SMOKE_GUARD_SAMPLES = 20  # a smoke run's guard checks this many samples at most
 ENTRY = "flowpost.stage"  # this module, as ``python -m`` and torchrun start it
 
 
@@ -74,6 +79,57 @@ def build_validation(config: CallbacksConfig, spec: StageSpec, inputs: StageInpu
         steps=validation.steps,
         guidance=validation.guidance,
         out_dir=Path(spec.output_dir) / "validation",
+    )
+
+
+def build_guard(config: GuardConfig | None, spec: StageSpec, inputs: StageInputs, *, every: int) -> StageGuard | None:
+    """The stage's guard (None without ``guard:``): the held-out split of the stage's dataset, sampled and
+    scored every ``guard.every`` budget units (``every`` when unset) with metrics from the evaluation registry."""
+    if config is None:
+        return None
+    where = f"stages.{spec.stage}.guard"
+    if spec.dataset_dir is None:
+        raise FlowpostError("a guard samples the held-out prompts of the stage's data.dataset; set data", where=where)
+    dataset_dir = Path(spec.dataset_dir)
+    split = read_eval_split(dataset_dir, where=where)
+    assets = dataset_dir / "assets" if (dataset_dir / "assets").is_dir() else None
+    conditions = inputs.require("conditions", where=where)
+    judge = None
+    if config.metric is not None and config.max_drop is not None:
+        metric = build_metric(
+            config.metric.name, options=config.metric.options, where=f"{where}.metric", assets_dir=assets
+        )
+        judge = Judge(key=config.metric.result_key, metric=metric, max_drop=config.max_drop, better=config.better)
+    bounds = {
+        name: (
+            build_metric(name, options=band.options, where=f"{where}.bounds.{name}", assets_dir=assets),
+            Band(min=band.min, max=band.max, max_change=band.max_change),
+        )
+        for name, band in config.bounds.items()
+    }
+    plan = EvalPlan(
+        prompts=split.prompts,
+        samples=min(config.samples, SMOKE_GUARD_SAMPLES) if spec.smoke else config.samples,
+        steps=config.steps,
+        guidance=config.guidance,
+        seed=config.seed,
+        batch_size=config.batch_size,
+    )
+    held_out = HeldOut(
+        prompts=split.prompts,
+        metadata=split.metadata,
+        conditions=conditions.lookup(split.prompts),
+        negative=conditions.lookup([NULL_PROMPT]),
+        reference=split.reference,
+    )
+    return StageGuard(
+        judge=judge,
+        bounds=bounds,
+        every=config.every or every,
+        plan=plan,
+        held_out=held_out,
+        weights=config.weights,
+        where=where,
     )
 
 
@@ -174,6 +230,7 @@ def build_trainer(spec: StageSpec) -> BaseTrainer:
         inputs=inputs,
         callbacks=build_callbacks(stage.callbacks, spec),
         validation=build_validation(stage.callbacks, spec, inputs),
+        guard=build_guard(stage.guard, spec, inputs, every=args.checkpoint_every),
         sampling=stage.sampling,
         **({"rewards": rewards} if rewards is not None else {}),
         **({"optimizers": stage.optimizers} if stage.optimizers else {}),

@@ -41,8 +41,11 @@ class TrainingState:
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)  # further roles: optimizer and scheduler
 
 
-def save_checkpoint(root: str | Path, state: TrainingState, *, keep_last: int | None = None) -> Path:
-    """Write ``root/step-N`` atomically, point ``root/latest`` at it, then keep the newest ``keep_last``."""
+def save_checkpoint(
+    root: str | Path, state: TrainingState, *, keep_last: int | None = None, also_keep: tuple[Path, ...] = ()
+) -> Path:
+    """Write ``root/step-N`` atomically, point ``root/latest`` at it, then keep the newest ``keep_last``
+    (and ``also_keep``)."""
     root = Path(root)
     final = root / f"step-{state.step}"
     try:
@@ -67,7 +70,7 @@ def save_checkpoint(root: str | Path, state: TrainingState, *, keep_last: int | 
             where=str(final),
         ) from exc
     if keep_last is not None:
-        _prune(root, keep=final, keep_last=keep_last)
+        _prune(root, keep=(final, *also_keep), keep_last=keep_last)
     return final
 
 
@@ -77,10 +80,12 @@ def _step_dirs(root: Path) -> list[Path]:
     return sorted(steps, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
 
 
-def _prune(root: Path, *, keep: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` step folders; ``keep`` (just written) always stays."""
-    for old in [p for p in _step_dirs(root) if p != keep][max(keep_last - 1, 0) :]:
-        shutil.rmtree(old, ignore_errors=True)
+def _prune(root: Path, *, keep: tuple[Path, ...], keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` step folders; those in ``keep`` (the one just written first)
+    always stay."""
+    for old in [p for p in _step_dirs(root) if p != keep[0]][max(keep_last - 1, 0) :]:
+        if old not in keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def verify_checkpoint(path: Path) -> str | None:

@@ -1,6 +1,6 @@
 """JSON-lines events written by rank 0 of a training stage and tailed by the orchestrator.
 
-One frozen dataclass per kind (``start``, ``step``, ``checkpoint``, ``done``): ``parse`` reads one
+One frozen dataclass per kind (``start``, ``step``, ``checkpoint``, ``guard``, ``done``): ``parse`` reads one
 from its JSON record, ``describe()`` is the line a reader prints, ``parse_event`` dispatches on kind.
 """
 
@@ -126,6 +126,28 @@ class CheckpointEvent(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GuardEvent(Event):
+    """A guard check after ``step`` budget units: the guarded values, their start, what they violate; when it
+    fired, ``last_good`` is the budget units of the checkpoint the stage ends with."""
+
+    kind: ClassVar[str] = "guard"
+    optimizer_step: int
+    values: dict[str, float]
+    start: dict[str, float]
+    violations: list[str]
+    last_good: int | None = None
+
+    def describe(self) -> str:
+        values = " ".join(f"{key}={value:.4g} (start {self.start[key]:.4g})" for key, value in self.values.items())
+        if not self.violations:
+            return f"guard at step {self.step}: {values} passed"
+        return (
+            f"guard fired at step {self.step}: {'; '.join(self.violations)}; the stage ends with its checkpoint "
+            f"of step {self.last_good}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class DoneEvent(Event):
     """The stage reached its budget; ``progress`` is its final ``TrainingProgress`` as a dict."""
 
@@ -137,7 +159,9 @@ class DoneEvent(Event):
         return f"done at step {self.step} on {self.ranks} rank(s)"
 
 
-EVENT_TYPES: dict[str, type[Event]] = {kind.kind: kind for kind in (StartEvent, StepEvent, CheckpointEvent, DoneEvent)}
+EVENT_TYPES: dict[str, type[Event]] = {
+    kind.kind: kind for kind in (StartEvent, StepEvent, CheckpointEvent, GuardEvent, DoneEvent)
+}
 
 
 def parse_event(record: dict[str, Any], *, where: str | None = None) -> Event:
@@ -149,7 +173,7 @@ def parse_event(record: dict[str, Any], *, where: str | None = None) -> Event:
 
 
 class EventLog:
-    """Appends one JSON object a line: ``start``, ``step``, ``checkpoint``, ``done``.
+    """Appends one JSON object a line: ``start``, ``step``, ``checkpoint``, ``guard``, ``done``.
 
     Disabled (writes nothing) on ranks other than 0.
     """

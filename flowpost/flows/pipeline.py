@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
 from flowpost.core.config.loading import validate_pipeline
-from flowpost.core.events import Event, StartEvent, StepEvent
+from flowpost.core.events import Event, GuardEvent, StartEvent, StepEvent
 from flowpost.errors import FlowpostError, TransientError
 from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.interrupts import stop_run_on_signals
@@ -66,7 +66,8 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
 
     def on_event(event: Event) -> None:
         bar = f"{progress_bar(event.step, event.max_steps)} " if isinstance(event, StepEvent) else ""
-        logger.info("%s %s%s", node_id, bar, event.describe())
+        fired = isinstance(event, GuardEvent) and bool(event.violations)
+        (logger.warning if fired else logger.info)("%s %s%s", node_id, bar, event.describe())
         if isinstance(event, StartEvent):
             if warning := event.resume_warning():
                 logger.warning("%s %s", node_id, warning)

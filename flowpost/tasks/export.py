@@ -10,6 +10,7 @@ from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.provenance import git_state, library_versions
+from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
 from flowpost.tasks.weights import stage_weights
 
 EXPORT_MANIFEST = "export.json"
@@ -40,6 +41,7 @@ def export_stage(
     adapter = read_json(source / ADAPTER_FILE, what="model adapter manifest")
     write_json_atomic(out_dir / ADAPTER_FILE, adapter)
     progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
+    guard = read_guard_record(train_dir)
     manifest = {
         "stage": stage,
         "weights": used,
@@ -55,6 +57,7 @@ def export_stage(
         "encoder_max_length": adapter.get("encoder_max_length"),
         "schedule": adapter["schedule"],
         "metrics": metrics or {},
+        **({"guard": guard_outcome(guard)} if guard is not None else {}),
         "provenance": {
             "git": git_state(),
             "versions": library_versions(),
@@ -98,6 +101,8 @@ def model_card(manifest: dict[str, Any]) -> str:
         f'- Sample: `flowpost sample {{this folder}} --prompt "a handwritten digit seven" -n 16 '
         f"--out {_sample_file(model)}`",
     ]
+    if "guard" in manifest:
+        lines += ["", f"Guard: {describe_guard(manifest['stage'], manifest['guard'])}."]
     if metrics:
         lines += ["", "## Evaluation", "", "| metric | value |", "| --- | --- |"]
         lines += [f"| {k} | {metrics[k]} |" for k in ("adherence", "reward_mean", "fd", "n_samples") if k in metrics]

@@ -141,7 +141,9 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
     if p.export is not None and p.export.promote is not None:
         gate = p.export.promote.model_dump(mode="json")
         nodes.append(Node("promote", NodeKind.PROMOTE, p.export.from_stage, ("export",), {**common, **gate}))
-    report_deps = tuple(node.id for node in nodes if node.kind in (NodeKind.EVAL, NodeKind.EXPORT, NodeKind.PROMOTE))
+    reported = (NodeKind.EVAL, NodeKind.EXPORT, NodeKind.PROMOTE)
+    guarded = [f"train.{name}" for name, stage in p.stages.items() if stage.guard is not None]  # their guard records
+    report_deps = (*(node.id for node in nodes if node.kind in reported), *guarded)
     nodes.append(Node("report", NodeKind.REPORT, "report", report_deps, {**common, "name": p.name}))
     return _dependencies_first(nodes)
 

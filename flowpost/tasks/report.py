@@ -8,10 +8,12 @@ from typing import Any
 
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
 from flowpost.tasks.evaluate import GAP, TRAINED_REWARD
+from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
 from flowpost.tasks.promote import DECISION_FILE
 
 RUN_FIELDS = ("n_samples", "step", "weights", "seed", "smoke")
 GAP_FIELDS = (TRAINED_REWARD, GAP)
+GUARD_FIELDS = ("fired", "checks", "at", "ended_with")  # a guarded stage's guard in metrics.json
 
 
 def write_report(
@@ -21,9 +23,11 @@ def write_report(
     export_dir: Path | None,
     out_dirs: list[Path],
     promotion_dir: Path | None = None,
+    guard_dirs: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
-    [intervals]}}`` to each out dir; report.md adds the sample grids (embedded), the export and the
+    [intervals], [guard: {fired, checks, at, ended_with}]}}`` to each out dir; report.md adds what the guards
+    of ``guard_dirs`` (stage -> training folder) decided, the sample grids (embedded), the export and the
     promotion gate's decision."""
     metrics: dict[str, Any] = {}
     headlines: dict[str, str] = {}
@@ -34,7 +38,14 @@ def write_report(
         if "intervals" in result:
             metrics[stage]["intervals"] = result["intervals"]
         headlines[stage] = result["headline"]
+    records = {stage: read_guard_record(directory) for stage, directory in (guard_dirs or {}).items()}
+    guards = {stage: guard_outcome(record) for stage, record in records.items() if record is not None}
+    for stage, outcome in guards.items():
+        if stage in metrics:
+            metrics[stage]["guard"] = {key: outcome[key] for key in GUARD_FIELDS if key in outcome}
     lines = [f"# {name}", "", *_table(metrics)]
+    if guards:
+        lines += ["", "## Guards", "", *(f"- {describe_guard(stage, o)}" for stage, o in guards.items())]
     if any(GAP in m for m in metrics.values()):
         lines += [
             "",
@@ -66,7 +77,7 @@ def _table(metrics: dict[str, Any]) -> list[str]:
     """One row per stage, one column per metric any stage reports (headline first)."""
     columns: list[str] = []
     for m in metrics.values():
-        columns += [key for key in m if key not in (*RUN_FIELDS, "intervals") and key not in columns]
+        columns += [key for key in m if key not in (*RUN_FIELDS, "intervals", "guard") and key not in columns]
     header = ["stage", *columns, "samples", "step", "weights", "smoke"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for stage, m in metrics.items():

@@ -51,6 +51,7 @@ from flowpost.tasks.graph import (
     fixed_folder,
     reads_promoted,
 )
+from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
 from flowpost.tasks.integrity import ATTEMPT, COMPLETE, completed_damage, output_hashes
 from flowpost.tasks.latents import cache_latents
 from flowpost.tasks.promote import (
@@ -322,7 +323,13 @@ def _latents(call: NodeCall) -> dict[str, Any]:
 
 def _train(call: NodeCall) -> dict[str, Any]:
     spec = call.run.train_spec(call.node.key, call.out, resume=call.resume)
-    return {"step": run_training(spec, on_event=call.on_event).step}
+    outputs: dict[str, Any] = {"step": run_training(spec, on_event=call.on_event).step}
+    record = read_guard_record(call.out)
+    if record is not None:
+        outputs["guard"] = guard_outcome(record)
+        if outputs["guard"]["fired"]:
+            log.warning("%s", describe_guard(call.node.key, outputs["guard"]))
+    return outputs
 
 
 def _eval(call: NodeCall) -> dict[str, Any]:
@@ -379,8 +386,14 @@ def _report(call: NodeCall) -> dict[str, Any]:
     evals = {name: run.path(f"eval.{name}") for name in run.pipeline.evaluate.after}
     export = run.path("export") if "export" in run.nodes else None
     promotion = run.path("promote") if "promote" in run.nodes else None
+    guarded = {name: run.path(f"train.{name}") for name, stage in run.pipeline.stages.items() if stage.guard}
     return write_report(
-        name=run.pipeline.name, eval_dirs=evals, export_dir=export, promotion_dir=promotion, out_dirs=[call.out]
+        name=run.pipeline.name,
+        eval_dirs=evals,
+        export_dir=export,
+        promotion_dir=promotion,
+        guard_dirs=guarded,
+        out_dirs=[call.out],
     )
 
 

@@ -11,7 +11,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from flowpost.core.config.schema import TRAJECTORIES, DatasetConfig, PipelineConfig, SamplingConfig, StageConfig
+from flowpost.core.config.schema import (
+    IMAGE_SOURCES,
+    TRAJECTORIES,
+    DatasetConfig,
+    PipelineConfig,
+    SamplingConfig,
+    StageConfig,
+)
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.lazy import unknown_name
 from flowpost.core.logging import get_logger
@@ -136,6 +143,7 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         problems += _sampling_problems(name, stage, arguments.paradigm)
         problems += _role_problems(name, stage, arguments)
         problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
+        problems += _guard_problems(name, stage, arguments, pipeline.datasets)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     if problems := _metric_problems(pipeline):
@@ -161,6 +169,44 @@ def _metric_problems(pipeline: PipelineConfig) -> list[str]:
                 f"{where}: {metric.name!r} reads the digit classifiers of a builtin-digits dataset, and "
                 f"evaluate.dataset {evaluate.dataset!r} is not one; evaluate on the digits or pick another metric"
             )
+    return problems
+
+
+def _guard_problems(
+    name: str, stage: StageConfig, arguments: TrainerArguments, datasets: dict[str, DatasetConfig]
+) -> list[str]:
+    """A guard's metrics no registry knows, a digits metric off the digits, no cadence, no held-out prompts,
+    or a judge that is the stage's own reward."""
+    from flowpost.core.evaluation.registry import ASSETS, metric_names, metric_parameters
+
+    guard, where = stage.guard, f"stages.{name}.guard"
+    if guard is None:
+        return []
+    problems = []
+    dataset_name = stage.data.dataset if stage.data is not None else None
+    dataset = datasets.get(dataset_name) if dataset_name is not None else None
+    digits = dataset is not None and dataset.source == "builtin-digits"
+    named = [(f"{where}.metric", guard.metric.name, guard.metric.options)] if guard.metric is not None else []
+    named += [(f"{where}.bounds.{key}", key, band.options) for key, band in guard.bounds.items()]
+    known = metric_names()
+    for path, metric, options in named:
+        if metric not in known:
+            problems.append(f"{path}: " + unknown_name("metric", metric, known))
+        elif not digits and ASSETS not in options and ASSETS in metric_parameters(metric, where=path):
+            problems.append(f"{path}: {metric!r} reads the digit classifiers; guard a builtin-digits stage")
+    if guard.every is None and not arguments.checkpoint_every:
+        problems.append(f"{where}.every: set it, or train.checkpoint_every, to say when the guard checks")
+    held_out = digits or (dataset is not None and dataset.source in IMAGE_SOURCES and dataset.split.eval > 0)
+    if dataset is not None and not held_out:
+        problems.append(
+            f"{where}: the guard samples the held-out prompts of {dataset_name!r}, which holds none; "
+            f"set datasets.{dataset_name}.split.eval"
+        )
+    if guard.metric is not None and guard.metric.name in {reward.name for reward in stage.rewards}:
+        problems.append(
+            f"{where}.metric: {guard.metric.name!r} is the stage's reward, which rises while it is hacked; "
+            "guard with a metric the stage is not trained on"
+        )
     return problems
 
 

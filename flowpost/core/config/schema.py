@@ -538,6 +538,9 @@ class StageConfig(StrictModel):
     rewards: list[RewardConfig] = Field(default_factory=list)
     callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    guard: GuardConfig | None = Field(
+        None, description="evaluate held-out samples during the stage; stop at the last good checkpoint on a violation"
+    )
 
     @field_validator("trainer")
     @classmethod
@@ -548,10 +551,13 @@ class StageConfig(StrictModel):
 
     @model_serializer(mode="wrap")
     def _omit_no_optimizers(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``optimizers`` only for multi-role trainers, so other stages keep their params and fingerprints."""
+        """``optimizers`` only for multi-role trainers and ``guard`` only when set, so other stages keep their
+        params and fingerprints."""
         data = handler(self)
         if not self.optimizers:
             data.pop("optimizers", None)
+        if self.guard is None:
+            data.pop("guard", None)
         return data
 
     def arguments(self, *, smoke: bool = False, where: str = "trainer") -> TrainerArguments:
@@ -589,6 +595,52 @@ class MetricConfig(StrictModel):
         if self.key is None:
             data.pop("key", None)
         return data
+
+
+class StatisticBand(StrictModel):
+    """The band a guarded statistic must stay in: absolute ``min`` / ``max``, and at most ``max_change`` away
+    from its value at the stage start."""
+
+    min: float | None = Field(None, description="the lowest allowed value")
+    max: float | None = Field(None, description="the highest allowed value")
+    max_change: float | None = Field(None, ge=0, description="the largest allowed distance from the start's value")
+    options: dict[str, Any] = Field(default_factory=dict, description="the statistic's options, e.g. {threshold: 0.1}")
+
+    @model_validator(mode="after")
+    def _a_band(self) -> StatisticBand:
+        if self.min is None and self.max is None and self.max_change is None:
+            raise ValueError("give min, max or max_change (or remove the statistic)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}; swap them")
+        return self
+
+
+class GuardConfig(StrictModel):
+    """A stage's guard: every ``every`` budget units it samples the stage's held-out prompts from the current
+    weights and scores them; when ``metric`` falls more than ``max_drop`` below its value at the stage start,
+    or a statistic of ``bounds`` leaves its band, the stage ends with the last checkpoint that passed."""
+
+    metric: MetricConfig | None = Field(None, description="the judge: a registered metric, not the stage's reward")
+    max_drop: float | None = Field(None, ge=0, description="the largest allowed fall of metric below its start")
+    better: Literal["higher", "lower"] = Field("higher", description="which direction of metric is better")
+    bounds: dict[str, StatisticBand] = Field(
+        default_factory=dict, description="registered metric (e.g. brightness) -> the band it must stay in"
+    )
+    every: int | None = Field(None, ge=1, description="budget units between checks; default: train.checkpoint_every")
+    samples: int = Field(100, ge=2, description="held-out samples per check (the same noise at every check)")
+    steps: int = Field(20, ge=1, description="ODE steps per sample")
+    guidance: float = Field(1.0, ge=0)
+    seed: int = Field(4321, description="the noise seed of the samples")
+    batch_size: int = Field(250, ge=1)
+    weights: Literal["ema", "live"] = Field("ema", description="the weights checked; ema falls back to live")
+
+    @model_validator(mode="after")
+    def _something_guarded(self) -> GuardConfig:
+        if (self.metric is None) != (self.max_drop is None):
+            raise ValueError("metric and max_drop go together; give both, or neither and only bounds")
+        if self.metric is None and not self.bounds:
+            raise ValueError("a guard needs a metric with max_drop, or bounds")
+        return self
 
 
 # what an evaluation's metrics.json holds besides the metrics

@@ -15,6 +15,7 @@ REWARDS: dict[str, str] = {
     "digit_adherence": "flowpost.core.rewards.digit_adherence:DigitAdherence",
     "jpeg_compressibility": "flowpost.core.rewards.jpeg:JpegCompressibility",
     "jpeg_incompressibility": "flowpost.core.rewards.jpeg:JpegIncompressibility",
+    "mean_brightness": "flowpost.core.rewards.brightness:BrightnessReward",
     "pickscore": "flowpost.core.rewards.clip:PickScore",
     "remote": "flowpost.core.rewards.remote:RemoteReward",
 }

@@ -19,8 +19,10 @@ import torch
 from flowpost.core.callbacks.base import Callback, CallbackList
 from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
 from flowpost.core.distributed import any_over_ranks, mean_over_ranks
+from flowpost.core.evaluation.guard import GUARD_FILE, StageGuard
 from flowpost.core.evaluation.validation import ValidationGrid
-from flowpost.core.events import DoneEvent, EventLog, StartEvent, StepEvent, resume_warning
+from flowpost.core.events import DoneEvent, EventLog, GuardEvent, StartEvent, StepEvent, resume_warning
+from flowpost.core.io import write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.parallel import parallel_layout
@@ -38,7 +40,7 @@ from flowpost.core.trainers.optimizers import (
     check_role_optimizers,
 )
 from flowpost.core.trainers.spec import StageSpec
-from flowpost.core.trainers.stop import StageStopped, stop_requested
+from flowpost.core.trainers.stop import GuardFired, StageStopped, stop_requested
 from flowpost.errors import FlowpostError
 
 log = get_logger(__name__)
@@ -96,6 +98,7 @@ class BaseTrainer(ABC):
         inputs: StageInputs | None = None,
         callbacks: dict[str, Callback] | None = None,
         validation: ValidationGrid | None = None,
+        guard: StageGuard | None = None,
         sampling: SamplingConfig | None = None,
         accelerator: Any | None = None,
         optimizers: dict[str, OptimizerConfig] | None = None,
@@ -117,6 +120,7 @@ class BaseTrainer(ABC):
         self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
         self.callbacks = CallbackList(callbacks or {})
         self.validation = validation
+        self.guard = guard
         self.progress = TrainingProgress()
         self.events = EventLog(
             self.output_dir / "events.jsonl", stage=self.stage, enabled=self.accelerator.is_main_process
@@ -164,6 +168,7 @@ class BaseTrainer(ABC):
             events=self.events,
             keep_last=args.keep_last,
             roles=dict(list(self.roles.items())[1:]),  # the first role's is ``optimizer``
+            guard=guard,
         )
 
     def _check_snapshots_are_not_roles(self) -> None:
@@ -218,7 +223,12 @@ class BaseTrainer(ABC):
                 resumed_with_layout_from=resumed.layout if resumed and moved else None,
             )
         )
-        self._run_cycles(budget)
+        try:
+            self._check_start()
+            self._run_cycles(budget)
+        except GuardFired as fired:
+            self.progress = self.checkpoints.restore(fired.last_good.step)
+            log.warning("stage %s: %s", self.stage, fired)
         if self.checkpoints.saved != self.progress:
             self.save_checkpoint()
         self.callbacks.on_train_end(self)
@@ -228,6 +238,8 @@ class BaseTrainer(ABC):
                 where=str(self.output_dir),
             )
         self.checkpoints.save_final(self.progress)
+        if self.guard is not None and self.accelerator.is_main_process:
+            write_json_atomic(self.output_dir / "final" / GUARD_FILE, self.guard.summary())
         self.events.write(
             DoneEvent(
                 stage=self.stage,
@@ -312,14 +324,47 @@ class BaseTrainer(ABC):
         if main:
             self.callbacks.on_validation_end(self, self.validation.save(images, step))
 
+    def _check_start(self) -> None:
+        """The guard's baseline: the start weights, checked and checkpointed (the first good checkpoint)."""
+        if self.guard is None or self.guard.start is not None:  # none, or resumed with its baseline
+            return
+        self._check_guard()
+        self.save_checkpoint()
+
+    def _check_guard(self) -> None:
+        """Check the weights with the guard; a violation (on any rank) raises ``GuardFired``."""
+        assert self.guard is not None
+        done, step = self.completed_units, self.progress.optimizer_step
+        check = self.guard.check(self.adapter, units=done, step=step)
+        check = self.guard.record(check, passed=not any_over_ranks(not check.passed, self.accelerator.device))
+        last_good = self.guard.last_good
+        assert self.guard.start is not None and last_good is not None  # the baseline passes or raises
+        self.events.write(
+            GuardEvent(
+                stage=self.stage,
+                step=done,
+                optimizer_step=step,
+                values=check.values,
+                start=self.guard.start,
+                violations=check.violations,
+                last_good=None if check.passed else last_good.units,
+            )
+        )
+        if not check.passed:
+            raise GuardFired(self.stage, check, last_good)
+
     def _end_budget_unit(self, budget: int, metrics: dict[str, float]) -> None:
-        """Event and checkpoint cadence, counted in budget units; a stop request or too many bad steps
-        in a row end the stage here, after a checkpoint."""
+        """Event, guard and checkpoint cadence, counted in budget units; a guard check that passes is
+        checkpointed, one that fails ends the stage (``GuardFired``) before its weights are; a stop request
+        or too many bad steps in a row end the stage here, after a checkpoint."""
         done = self.completed_units
         stopping = self.bad_steps.exhausted or any_over_ranks(stop_requested() is not None, self.accelerator.device)
         if done % self.args.log_every == 0 or done == budget or stopping:
             self.events.write(StepEvent(stage=self.stage, step=done, max_steps=budget, metrics=metrics))
-        due = self.args.checkpoint_every and done % self.args.checkpoint_every == 0
+        guarded = self.guard is not None and self.guard.due(done, budget)
+        if guarded:
+            self._check_guard()
+        due = guarded or (self.args.checkpoint_every and done % self.args.checkpoint_every == 0)
         if due or (stopping and self.checkpoints.saved != self.progress):
             self.save_checkpoint()
         if self.bad_steps.exhausted:

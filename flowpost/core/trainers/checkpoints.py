@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flowpost.core.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from flowpost.core.checkpoint import (
+    TrainingState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from flowpost.core.events import CheckpointEvent
 from flowpost.core.io import atomic_directory, write_json_atomic
 from flowpost.core.logging import get_logger
@@ -20,6 +26,7 @@ from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
     from flowpost.core.callbacks.base import CallbackList
+    from flowpost.core.evaluation.guard import StageGuard
     from flowpost.core.events import EventLog
     from flowpost.core.models.base import ModelAdapter
     from flowpost.core.parallel import ParallelLayout
@@ -43,7 +50,8 @@ class CheckpointManager:
     """``save`` / ``resume`` / ``save_final`` of one stage's model, optimizer, snapshots and counters.
 
     ``roles`` are the trainable roles after the first (whose optimizer is ``optimizer``): each one's
-    optimizer, schedule and update counter go into the checkpoint too.
+    optimizer, schedule and update counter go into the checkpoint too; so do the ``guard``'s checks, and
+    the checkpoint of its last passed check is never pruned.
     """
 
     output_dir: Path
@@ -57,6 +65,7 @@ class CheckpointManager:
     events: EventLog
     keep_last: int | None = None
     roles: dict[str, RoleOptimizer] = field(default_factory=dict)
+    guard: StageGuard | None = None
     saved: TrainingProgress | None = None
 
     def save(self, progress: TrainingProgress, *, units: int) -> None:
@@ -75,6 +84,7 @@ class CheckpointManager:
                 "world_size": self.accelerator.num_processes,
                 "layout": layout.name,
                 "role_updates": {role: optimizer.updates for role, optimizer in self.roles.items()},
+                **({"guard": self.guard.state_dict()} if self.guard is not None else {}),
             },
             roles={
                 role: {
@@ -85,7 +95,9 @@ class CheckpointManager:
             },
         )
         if self.accelerator.is_main_process:
-            path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.keep_last)
+            good = self.guard.last_good if self.guard is not None else None
+            kept = (self.path(good.step),) if good is not None else ()
+            path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.keep_last, also_keep=kept)
             # ``step`` counts budget units like the other events; the folder is named by optimizer steps
             self.events.write(
                 CheckpointEvent(stage=self.events.stage, step=units, optimizer_step=state.step, path=str(path))
@@ -93,11 +105,30 @@ class CheckpointManager:
         self.accelerator.wait_for_everyone()
         self.saved = progress
 
+    def path(self, optimizer_step: int) -> Path:
+        """The folder of the checkpoint at ``optimizer_step``."""
+        return self.output_dir / "checkpoints" / f"step-{optimizer_step}"
+
     def resume(self) -> Resumed | None:
-        """Load the latest intact checkpoint into the model, optimizer, snapshots and callbacks."""
+        """Load the latest intact checkpoint into the model, optimizer, snapshots, callbacks and guard."""
         path = latest_checkpoint(self.output_dir / "checkpoints")
         if path is None:
             return None
+        resumed = self.load(path)
+        log.info("resumed from %s (step %d)", path, resumed.progress.optimizer_step)
+        return resumed
+
+    def restore(self, optimizer_step: int) -> TrainingProgress:
+        """Go back to the checkpoint at ``optimizer_step`` (the guard keeps its checks since); its progress."""
+        path = self.path(optimizer_step)
+        if (problem := verify_checkpoint(path)) is not None:
+            raise FlowpostError(f"cannot go back to checkpoint {path}: {problem}", where=str(path))
+        progress = self.load(path, guard=False).progress
+        log.info("went back to %s", path)
+        return progress
+
+    def load(self, path: Path, *, guard: bool = True) -> Resumed:
+        """Load checkpoint ``path`` into the model, optimizer, snapshots, callbacks and (``guard``) the guard."""
         state = load_checkpoint(path, verified=True)
         layout = self.parallel
         if any(not isinstance(key, str) for key in state.optimizer["state"]):
@@ -126,6 +157,8 @@ class CheckpointManager:
             self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, network))
         torch.set_rng_state(state.rng["torch"])
         self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
+        if guard and self.guard is not None:
+            self.guard.load_state_dict(state.trainer.get("guard", {}))
         resumed = Resumed(
             path=path,
             progress=TrainingProgress.from_dict(state.trainer["progress"]),
@@ -133,7 +166,6 @@ class CheckpointManager:
             layout=str(state.trainer["layout"]),
         )
         self.saved = resumed.progress
-        log.info("resumed from %s (step %d)", path, state.step)
         return resumed
 
     def save_final(self, progress: TrainingProgress) -> None:

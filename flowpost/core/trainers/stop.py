@@ -1,4 +1,5 @@
-"""A request to stop a stage at its next budget-unit boundary (SIGTERM), with a checkpoint there."""
+"""Why a stage stops before its budget: a request (SIGTERM) at its next budget-unit boundary, with a
+checkpoint there; or its guard, at the last checkpoint that passed."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flowpost.core.evaluation.guard import GuardCheck
 
 _requested: list[signal.Signals] = []
 
@@ -16,6 +21,18 @@ class StageStopped(Exception):  # noqa: N818 - a requested stop, not an error
     def __init__(self, stage: str, units: int, signum: signal.Signals) -> None:
         self.signum = signum
         super().__init__(f"stage {stage!r} stopped by {signum.name} after {units} budget units, checkpoint saved")
+
+
+class GuardFired(Exception):  # noqa: N818 - the guard's verdict, not an error
+    """Raised by the loop when a guard check fails; the stage then ends with ``last_good``'s checkpoint."""
+
+    def __init__(self, stage: str, check: GuardCheck, last_good: GuardCheck) -> None:
+        self.check = check
+        self.last_good = last_good
+        super().__init__(
+            f"guard of stage {stage!r} fired after {check.units} budget units: {'; '.join(check.violations)}; "
+            f"the stage ends with its checkpoint after {last_good.units} (optimizer step {last_good.step})"
+        )
 
 
 def stop_requested() -> signal.Signals | None:

@@ -18,6 +18,7 @@ from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH, load_wan2_adapter
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.config.schema import CallbacksConfig, RewardConfig
+from flowpost.core.evaluation.guard import StageGuard
 from flowpost.core.io import write_json_atomic
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
@@ -144,7 +145,8 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     ``init_from`` is the spec's starting weights (distillation and offline DPO need one: their teacher or
     reference is the init weights; the adapter is still the one given or built here).
 
-    ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name.
+    ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name;
+    ``guard`` is the stage's guard.
 
     Any trainer class works; generation trainers also take ``sampling={...}`` and ``rewards=[...]``
     (reward config entries); multi-role trainers ``optimizers={role: {...}}``.
@@ -165,6 +167,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         optimizers: dict[str, dict[str, Any]] | None = None,
         init_from: str | Path | None = None,
         latents: Path | None = None,
+        guard: StageGuard | None = None,
         **args: Any,
     ) -> BaseTrainer:
         dataset_dir, conditions_dir = dirs or data_dirs
@@ -196,6 +199,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             inputs=inputs,
             callbacks=build_callbacks(callback_config, spec) | (listeners or {}),
             validation=build_validation(callback_config, spec, inputs),
+            guard=guard,
             sampling=SamplingConfig.model_validate(sampling or {}),
             **({"rewards": built_rewards} if built_rewards is not None else {}),
             **(

@@ -1,0 +1,43 @@
+"""What a guarded stage's guard decided, as its training node left it beside the final weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flowpost.core.evaluation.guard import GUARD_FILE
+from flowpost.core.io import read_json
+
+
+def read_guard_record(train_dir: Path) -> dict[str, Any] | None:
+    """``final/guard.json`` of a training node's folder (None for a stage without a guard)."""
+    path = train_dir / "final" / GUARD_FILE
+    return read_json(path, what="guard record") if path.is_file() else None
+
+
+def guard_outcome(record: dict[str, Any]) -> dict[str, Any]:
+    """The short form a node's outputs, the report and the export carry: whether it fired, where (budget
+    units and optimizer step), why, and the checkpoint the stage ended with."""
+    fired, good = record["fired"], record["last_good"]
+    outcome: dict[str, Any] = {"fired": fired is not None, "checks": len(record["checks"]), "start": record["start"]}
+    if fired is not None:
+        outcome |= {
+            "at": fired["units"],
+            "at_step": fired["step"],
+            "values": fired["values"],
+            "violations": fired["violations"],
+            "ended_with": good["units"],
+            "ended_with_step": good["step"],
+        }
+    return outcome
+
+
+def describe_guard(stage: str, outcome: dict[str, Any]) -> str:
+    """One sentence on a stage's guard."""
+    if not outcome["fired"]:
+        return f"guard of stage {stage!r}: passed all {outcome['checks']} checks"
+    return (
+        f"guard of stage {stage!r} fired after {outcome['at']} budget units (optimizer step {outcome['at_step']}): "
+        f"{'; '.join(outcome['violations'])}. The stage ended with its last good checkpoint, after "
+        f"{outcome['ended_with']} budget units (optimizer step {outcome['ended_with_step']}); later nodes use it"
+    )
