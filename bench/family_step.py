@@ -1,0 +1,203 @@
+"""What flowpost's trainer adds to a real family's step: the SFT stage's trainer step against a bare
+loop written directly against diffusers (``bare_family_loops.py``), for each pipeline family.
+
+    python bench/family_step.py [--workspace bench-ws] [--families sd3 flux1 qwen-image wan2] [--steps 12]
+                                [--rounds 4] [--batch-size 8] [--records 32]
+
+Each family runs on the tests' tiny random pipeline (``tests/tiny_<family>_pipeline.py``) saved as a
+diffusers folder, with demonstrations of its media (RGB images; wan2: clips) and its own encoded
+condition cache. Both arms fine-tune the whole transformer from the folder's weights with AdamW on
+the same batches, encoding each batch with the VAE (a step: VAE encode, forward with the family's
+conditioning, flow-matching loss, backward, optimizer step). Before timing, one step of each arm on
+the same first batch, with flowpost's addressed noise, must give the same loss (within 1e-5): the two
+compare the same math. Then alternating rounds; each builds fresh models and times every step after
+its first. Reports the median seconds per step of each and the ratio (goal <= 1.05). Writes
+``WORKSPACE/family_step.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from alternate import Comparison, alternate
+from bare_family_loops import BareFamilyStep, SFTSettings
+from prepared import unit_seconds
+from torch import Tensor
+
+from flowpost.core.config.schema import StageConfig
+from flowpost.core.events import read_events
+from flowpost.core.io import write_json_atomic
+from flowpost.core.noise import addressed_rand, addressed_randn
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.data.condition_cache import update_condition_cache
+from flowpost.data.records import Demonstration
+from flowpost.data.shards import write_shards
+from flowpost.stage import build_trainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import tiny_flux1_pipeline as flux1  # noqa: E402
+import tiny_qwen_image_pipeline as qwen_image  # noqa: E402
+import tiny_sd3_pipeline as sd3  # noqa: E402
+import tiny_wan2_pipeline as wan2  # noqa: E402
+
+FINGERPRINT = "bench-family-encoders"
+STAGE = "sft"
+SEED = 0
+LR = 1e-4
+LOSS_TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class TinyFamily:
+    """A family's tiny pipeline builder, its adapter loader (which encodes the conditions), the stage's
+    ``model.options`` and the shape of one demonstration's media."""
+
+    build: Callable[[Path], Path]
+    load: Callable[[Path], Any]
+    options: dict[str, Any]
+    media: tuple[int, ...]
+
+
+FAMILIES = {
+    "sd3": TinyFamily(sd3.build_tiny_sd3_pipeline, sd3.load_sd3_adapter, {}, (3, 16, 16)),
+    "flux1": TinyFamily(
+        flux1.build_tiny_flux1_pipeline,
+        flux1.load_flux1_adapter,
+        {"resolution": flux1.RESOLUTION},
+        (3, flux1.RESOLUTION, flux1.RESOLUTION),
+    ),
+    "qwen-image": TinyFamily(
+        qwen_image.build_tiny_qwen_image_pipeline,
+        qwen_image.load_qwen_image_adapter,
+        {"resolution": qwen_image.RESOLUTION},
+        (3, qwen_image.RESOLUTION, qwen_image.RESOLUTION),
+    ),
+    "wan2": TinyFamily(
+        wan2.build_tiny_wan2_pipeline,
+        wan2.load_wan2_adapter,
+        {"height": wan2.HEIGHT, "width": wan2.WIDTH, "num_frames": wan2.FRAMES},
+        (3, wan2.FRAMES, wan2.HEIGHT, wan2.WIDTH),
+    ),
+}
+
+
+def prepare(root: Path, family: str, records: int) -> Path:
+    """The family's pipeline folder, demonstrations and condition cache under an emptied ``root``; the folder."""
+    tiny = FAMILIES[family]
+    shutil.rmtree(root, ignore_errors=True)
+    folder = tiny.build(root / "pipeline")
+    rng = np.random.default_rng(0)
+    demonstrations = [
+        Demonstration(key=f"r{i}", prompt=sd3.CORPUS[i % len(sd3.CORPUS)], image=rng.random(tiny.media, dtype=np.float32))
+        for i in range(records)
+    ]
+    write_json_atomic(root / "data" / "train" / "manifest.json", write_shards(demonstrations, root / "data" / "train"))
+    encode = tiny.load(folder).encode_conditions
+    update_condition_cache(root / "conditions", ["", *sd3.CORPUS], encoder_fingerprint=FINGERPRINT, encode=encode)
+    return folder
+
+
+def stage_spec(root: Path, family: str, out: Path, *, steps: int, batch: int) -> StageSpec:
+    """The SFT stage of ``family`` on ``root``'s data (full fine-tuning), writing an emptied ``out``."""
+    shutil.rmtree(out, ignore_errors=True)
+    model = {"family": family, "pretrained": str(root / "pipeline"), "options": FAMILIES[family].options}
+    train = {"lr": LR, "batch_size": batch, "max_steps": steps, "log_every": 1, "checkpoint_every": 0}
+    stage = StageConfig.model_validate({"trainer": "sft", "model": model, "train": train})
+    return StageSpec(
+        stage=STAGE,
+        seed=SEED,
+        config=stage.model_dump(mode="json"),
+        output_dir=str(out),
+        dataset_dir=str(root / "data"),
+        conditions_dir=str(root / "conditions"),
+        encoder_fingerprint=FINGERPRINT,
+        resume=False,
+    )
+
+
+def settings(spec: StageSpec) -> SFTSettings:
+    """The bare step's values from the stage's validated ``train:`` section."""
+    train = StageConfig.model_validate(spec.config).arguments()
+    names = ("lr", "batch_size", "logit_mean", "logit_std", "cfg_dropout", "weight_decay", "adam_betas")
+    return SFTSettings(**{name: getattr(train, name) for name in names})
+
+
+def addressed_draws(step: int, shape: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
+    """The noise, sigma normals and dropout uniforms flowpost's SFT step ``step`` draws for ``shape``."""
+    address = {"seed": SEED, "stage": STAGE, "step": step, "indices": range(shape[0])}
+    return (
+        addressed_randn(shape[1:], purpose="noise", **address),
+        addressed_randn((), purpose="sigma", **address),
+        addressed_rand((), purpose="cfg-dropout", **address),
+    )
+
+
+def first_losses(root: Path, family: str, batch: int) -> tuple[float, float]:
+    """The loss of the first step of flowpost's trainer and of the bare loop, on the same batch and noise."""
+    out = root / "first-step"
+    spec = stage_spec(root, family, out, steps=1, batch=batch)
+    build_trainer(spec).start()
+    flowpost = next(float(e["metrics"]["loss"]) for e in read_events(out / "events.jsonl") if e["event"] == "step")
+    bare = BareFamilyStep(family, root / "pipeline", spec, settings(spec), draws=addressed_draws).step()
+    return flowpost, bare
+
+
+def check_same_loss(family: str, flowpost: float, bare: float) -> None:
+    if abs(flowpost - bare) > LOSS_TOLERANCE:
+        raise RuntimeError(
+            f"{family}: flowpost's first SFT step has loss {flowpost!r}, the bare diffusers loop {bare!r} "
+            f"(more than {LOSS_TOLERANCE} apart): the arms do not compute the same step; fix the bare loop's "
+            "call or flowpost's adapter before comparing times"
+        )
+
+
+def compare(root: Path, family: str, steps: int, rounds: int, batch: int) -> Comparison:
+    """Family ``family``'s SFT step through flowpost against the bare loop, alternating rounds."""
+    out = root / "flowpost"
+
+    def through_flowpost() -> list[float]:
+        build_trainer(stage_spec(root, family, out, steps=steps, batch=batch)).start()
+        return unit_seconds(out / "events.jsonl")
+
+    def bare() -> list[float]:
+        spec = stage_spec(root, family, root / "bare", steps=steps, batch=batch)
+        return BareFamilyStep(family, root / "pipeline", spec, settings(spec)).timed(steps)
+
+    return alternate(("flowpost", through_flowpost), ("bare", bare), rounds=rounds, unit="step")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument("--steps", type=int, default=12, help="SFT optimizer steps per round")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per arm, alternating")
+    parser.add_argument("--batch-size", type=int, default=8, help="SFT batch size (demonstrations per step)")
+    parser.add_argument("--records", type=int, default=32, help="demonstrations in each family's dataset")
+    args = parser.parse_args(argv)
+    results = {}
+    for family in args.families:
+        root = args.workspace / "family_step" / family
+        prepare(root, family, args.records)
+        flowpost_loss, bare_loss = first_losses(root, family, args.batch_size)
+        check_same_loss(family, flowpost_loss, bare_loss)
+        comparison = compare(root, family, args.steps, args.rounds, args.batch_size)
+        print(f"{family}: {comparison.line(args.batch_size)} (goal <= 1.05)", flush=True)
+        results[family] = comparison.summary() | {
+            "batch_size": args.batch_size,
+            "first_loss": {"flowpost": flowpost_loss, "bare": bare_loss},
+            "seconds": comparison.seconds,
+        }
+    write_json_atomic(args.workspace / "family_step.json", results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
