@@ -174,6 +174,7 @@ class BareFamilyStep:
         self.generator = torch.Generator().manual_seed(spec.seed)
         self.draws = draws or self._seeded_draws
         self.steps = 0
+        self.cpu_seconds: list[float] = []  # this process's CPU seconds (all threads) of each timed step
 
     def _seeded_draws(self, step: int, shape: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor]:
         g = self.generator
@@ -199,11 +200,12 @@ class BareFamilyStep:
         return float(loss.detach())
 
     def timed(self, steps: int) -> list[float]:
-        """Seconds of each of ``steps`` steps after a first, untimed one."""
+        """Wall seconds of each of ``steps`` steps after a first, untimed one (CPU seconds in ``cpu_seconds``)."""
         self.step()
         seconds = []
         for _ in range(steps - 1):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             self.step()
             seconds.append(time.perf_counter() - start)
+            self.cpu_seconds.append(time.process_time() - cpu)
         return seconds

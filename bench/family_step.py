@@ -2,7 +2,7 @@
 loop written directly against diffusers (``bare_family_loops.py``), for each pipeline family.
 
     python bench/family_step.py [--workspace bench-ws] [--families sd3 flux1 qwen-image wan2] [--steps 12]
-                                [--rounds 4] [--batch-size 8] [--records 32]
+                                [--rounds 4] [--batch-size 8] [--records 32] [--threads 1]
 
 Each family runs on the tests' tiny random pipeline (``tests/tiny_<family>_pipeline.py``) saved as a
 diffusers folder, with demonstrations of its media (RGB images; wan2: clips) and its own encoded
@@ -11,8 +11,10 @@ the same batches, encoding each batch with the VAE (a step: VAE encode, forward 
 conditioning, flow-matching loss, backward, optimizer step). Before timing, one step of each arm on
 the same first batch, with flowpost's addressed noise, must give the same loss (within 1e-5): the two
 compare the same math. Then alternating rounds; each builds fresh models and times every step after
-its first. Reports the median seconds per step of each and the ratio (goal <= 1.05). Writes
-``WORKSPACE/family_step.json``.
+its first. Reports the median wall seconds per step of each and the ratio (goal <= 1.05), and the
+same of the process's CPU seconds, which a shared machine's load disturbs less. Torch runs on
+``--threads`` threads (1 by default: on these tiny models more threads only add waiting, which on a
+loaded machine swamps the step). Writes ``WORKSPACE/family_step.json``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from alternate import Comparison, alternate
 from bare_family_loops import BareFamilyStep, SFTSettings
+from latent_cache import CPUClock
 from prepared import unit_seconds
 from torch import Tensor
 
@@ -158,19 +162,28 @@ def check_same_loss(family: str, flowpost: float, bare: float) -> None:
         )
 
 
-def compare(root: Path, family: str, steps: int, rounds: int, batch: int) -> Comparison:
-    """Family ``family``'s SFT step through flowpost against the bare loop, alternating rounds."""
+def compare(root: Path, family: str, steps: int, rounds: int, batch: int) -> tuple[Comparison, Comparison]:
+    """Wall and CPU seconds per step of family ``family``'s SFT step through flowpost and of the bare
+    loop, from the same alternating rounds."""
     out = root / "flowpost"
+    cpu = Comparison(subject="flowpost", baseline="bare", unit="step", seconds={"flowpost": [], "bare": []})
 
     def through_flowpost() -> list[float]:
-        build_trainer(stage_spec(root, family, out, steps=steps, batch=batch)).start()
+        trainer = build_trainer(stage_spec(root, family, out, steps=steps, batch=batch))
+        clock = trainer.callbacks.callbacks.setdefault("cpu_clock", CPUClock())
+        trainer.start()
+        cpu.seconds["flowpost"] += clock.seconds()
         return unit_seconds(out / "events.jsonl")
 
     def bare() -> list[float]:
         spec = stage_spec(root, family, root / "bare", steps=steps, batch=batch)
-        return BareFamilyStep(family, root / "pipeline", spec, settings(spec)).timed(steps)
+        loop = BareFamilyStep(family, root / "pipeline", spec, settings(spec))
+        seconds = loop.timed(steps)
+        cpu.seconds["bare"] += loop.cpu_seconds
+        return seconds
 
-    return alternate(("flowpost", through_flowpost), ("bare", bare), rounds=rounds, unit="step")
+    wall = alternate(("flowpost", through_flowpost), ("bare", bare), rounds=rounds, unit="step")
+    return wall, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,22 +194,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per arm, alternating")
     parser.add_argument("--batch-size", type=int, default=8, help="SFT batch size (demonstrations per step)")
     parser.add_argument("--records", type=int, default=32, help="demonstrations in each family's dataset")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads while measuring")
     args = parser.parse_args(argv)
-    results = {}
-    for family in args.families:
-        root = args.workspace / "family_step" / family
-        prepare(root, family, args.records)
-        flowpost_loss, bare_loss = first_losses(root, family, args.batch_size)
-        check_same_loss(family, flowpost_loss, bare_loss)
-        comparison = compare(root, family, args.steps, args.rounds, args.batch_size)
-        print(f"{family}: {comparison.line(args.batch_size)} (goal <= 1.05)", flush=True)
-        results[family] = comparison.summary() | {
-            "batch_size": args.batch_size,
-            "first_loss": {"flowpost": flowpost_loss, "bare": bare_loss},
-            "seconds": comparison.seconds,
-        }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        results = {family: measure(args.workspace, family, args) for family in args.families}
+    finally:
+        torch.set_num_threads(threads)
     write_json_atomic(args.workspace / "family_step.json", results)
     return 0
+
+
+def measure(workspace: Path, family: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Prepare ``family``, check both arms' first loss, compare their steps; its JSON entry."""
+    root = workspace / "family_step" / family
+    prepare(root, family, args.records)
+    flowpost_loss, bare_loss = first_losses(root, family, args.batch_size)
+    check_same_loss(family, flowpost_loss, bare_loss)
+    wall, cpu = compare(root, family, args.steps, args.rounds, args.batch_size)
+    print(f"{family}, wall: {wall.line(args.batch_size)} (goal <= 1.05)", flush=True)
+    print(f"{family}, CPU: {cpu.line(args.batch_size)}", flush=True)
+    return (
+        wall.summary()
+        | {f"cpu_{key}": value for key, value in cpu.summary().items() if key != "unit"}
+        | {
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "first_loss": {"flowpost": flowpost_loss, "bare": bare_loss},
+            "seconds": wall.seconds,
+            "cpu_seconds": cpu.seconds,
+        }
+    )
 
 
 if __name__ == "__main__":
