@@ -27,7 +27,7 @@ from flowpost.core.trainers.spec import StageSpec
 from flowpost.data.stage_inputs import load_stage_inputs
 
 FLUX_GUIDANCE = 3.5  # FluxPipeline's default guidance_scale, fed to FLUX.1-dev's guidance embedding
-Draws = Callable[[int, tuple[int, ...]], tuple[Tensor, Tensor, Tensor]]  # (step, latents shape) -> noise, normals, uniforms
+Draws = Callable[[int, tuple[int, ...]], tuple[Tensor, Tensor, Tensor]]  # (step, shape) -> noise, normals, uniforms
 
 
 def _kl_latents(vae: torch.nn.Module, pixels: Tensor) -> Tensor:
@@ -163,7 +163,8 @@ class BareFamilyStep:
         self.net.train()
         vae = getattr(diffusers, self.bare.vae_class).from_pretrained(folder, subfolder="vae")
         self.vae = vae.eval().requires_grad_(False)
-        self.shift = float(diffusers.FlowMatchEulerDiscreteScheduler.load_config(folder, subfolder="scheduler")["shift"])
+        scheduler = diffusers.FlowMatchEulerDiscreteScheduler.load_config(folder, subfolder="scheduler")
+        self.shift = float(scheduler["shift"])
         self.optimizer = torch.optim.AdamW(
             self.net.parameters(), lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay
         )
@@ -189,9 +190,11 @@ class BareFamilyStep:
         noise, normals, uniforms = (t.to(x0) for t in self.draws(self.steps, tuple(x0.shape)))
         u = torch.sigmoid(settings.logit_mean + settings.logit_std * normals)
         sigma = self.shift * u / (1.0 + (self.shift - 1.0) * u)
-        kept = [NULL_PROMPT if drop else p for p, drop in zip(prompts, (uniforms < settings.cfg_dropout).tolist(), strict=True)]
+        dropped = (uniforms < settings.cfg_dropout).tolist()
+        kept = [NULL_PROMPT if drop else p for p, drop in zip(prompts, dropped, strict=True)]
+        cond = self.table.lookup(kept).to(x0.device, x0.dtype)
         s = sigma.view(-1, *([1] * (x0.dim() - 1)))
-        velocity = self.bare.velocity(self.net, (1.0 - s) * x0 + s * noise, sigma, self.table.lookup(kept).to(x0.device, x0.dtype))
+        velocity = self.bare.velocity(self.net, (1.0 - s) * x0 + s * noise, sigma, cond)
         loss = (velocity - (noise - x0)).pow(2).mean()
         loss.backward()
         self.optimizer.step()

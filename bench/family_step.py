@@ -99,8 +99,8 @@ def prepare(root: Path, family: str, records: int) -> Path:
     folder = tiny.build(root / "pipeline")
     rng = np.random.default_rng(0)
     demonstrations = [
-        Demonstration(key=f"r{i}", prompt=sd3.CORPUS[i % len(sd3.CORPUS)], image=rng.random(tiny.media, dtype=np.float32))
-        for i in range(records)
+        Demonstration(key=f"r{i}", prompt=prompt, image=rng.random(tiny.media, dtype=np.float32))
+        for i, prompt in enumerate(sd3.CORPUS[i % len(sd3.CORPUS)] for i in range(records))
     ]
     write_json_atomic(root / "data" / "train" / "manifest.json", write_shards(demonstrations, root / "data" / "train"))
     encode = tiny.load(folder).encode_conditions

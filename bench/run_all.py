@@ -115,7 +115,8 @@ def family_section(result: dict[str, Any]) -> list[str]:
     rows += [
         "",
         f"SFT step, full fine-tuning with AdamW, batch {first.get('batch_size')}, VAE encode every step, "
-        f"{first.get('threads')} torch thread(s); both arms' first-step losses agree within 1e-5 (checked before timing).",
+        f"{first.get('threads')} torch thread(s); both arms' first-step losses agree within 1e-5 "
+        "(checked before timing).",
     ]
     return rows
 
