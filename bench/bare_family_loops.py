@@ -6,7 +6,9 @@ transformer called as the stock pipeline calls it (sd3: pooled projections, ``ti
 flux1: packed latents, image and text ids, distilled guidance, ``timestep = sigma``; qwen-image: packed
 latents, the text mask and the image's patch grid; wan2: video latents, the zero-padded UMT5 states),
 the flow-matching loss with logit-normal sigmas shifted by the scheduler's ``shift`` and caption
-dropout, backward and an AdamW step. The batches and their cached conditions are the stage's own; noise
+dropout, backward and an AdamW step. Wan's 3-D VAE encodes one clip at a time (sliced), as flowpost's
+wan2 does to bound a real clip's memory: batched, the tiny clips encode faster, a memory policy
+rather than overhead. The batches and their cached conditions are the stage's own; noise
 comes from one seeded generator unless ``draws`` gives it. None of flowpost's model adapters, trainer,
 addressed noise, events or checks.
 """
@@ -124,6 +126,7 @@ class BareFamily:
     vae_class: str
     latents: Callable[[torch.nn.Module, Tensor], Tensor]
     velocity: Callable[[torch.nn.Module, Tensor, Tensor, ConditionBatch], Tensor]
+    sliced: bool = False  # the VAE encodes one item of a batch at a time (diffusers' ``enable_slicing``)
 
 
 BARE_FAMILIES = {
@@ -132,7 +135,7 @@ BARE_FAMILIES = {
     "qwen-image": BareFamily(
         "QwenImageTransformer2DModel", "AutoencoderKLQwenImage", qwen_image_latents, qwen_image_velocity
     ),
-    "wan2": BareFamily("WanTransformer3DModel", "AutoencoderKLWan", wan2_latents, wan2_velocity),
+    "wan2": BareFamily("WanTransformer3DModel", "AutoencoderKLWan", wan2_latents, wan2_velocity, sliced=True),
 }
 
 
@@ -162,6 +165,8 @@ class BareFamilyStep:
         self.net = getattr(diffusers, self.bare.transformer_class).from_pretrained(folder, subfolder="transformer")
         self.net.train()
         vae = getattr(diffusers, self.bare.vae_class).from_pretrained(folder, subfolder="vae")
+        if self.bare.sliced:
+            vae.enable_slicing()
         self.vae = vae.eval().requires_grad_(False)
         scheduler = diffusers.FlowMatchEulerDiscreteScheduler.load_config(folder, subfolder="scheduler")
         self.shift = float(scheduler["shift"])
