@@ -61,7 +61,7 @@ PROFILES: dict[str, dict[str, list[str]]] = {
     },
     "quick": {
         "core_overhead": ["--sft-steps", "4", "--grpo-iterations", "3", "--rounds", "2", *SMALL],
-        "family_step": ["--steps", "6", "--rounds", "2", "--batch-size", "4", "--records", "16"],
+        "family_step": ["--steps", "12", "--rounds", "2", "--batch-size", "4", "--records", "16"],
         "condition_cache": ["--steps", "4", "--rounds", "2", *SMALL],
         "data_throughput": ["--batches", "10", "--steps", "4", "--rounds", "2", "--items", "50", *SMALL],
         "latent_cache": ["--steps", "8", "--rounds", "3", "--batch-size", "8"],
