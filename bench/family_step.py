@@ -196,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=32, help="demonstrations in each family's dataset")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads while measuring")
     args = parser.parse_args(argv)
+    if args.steps < 2 or args.rounds < 1 or args.threads < 1:
+        parser.error("--steps must be at least 2 (a round's first step is not timed); --rounds, --threads at least 1")
+    if args.records < args.batch_size:
+        parser.error(f"--records {args.records} gives no batch of --batch-size {args.batch_size}; raise --records")
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
