@@ -168,6 +168,13 @@ class PipelineFamily(TransformerAdapter):
 
         return self.source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
 
+    def vae_on(self, device: torch.device) -> torch.nn.Module:
+        """The VAE on ``device``, moved only when it is elsewhere (``Module.to`` walks every module, each step)."""
+        vae = self.vae
+        if next(vae.parameters()).device != device:
+            vae.to(device)
+        return vae
+
     def codec_fingerprint(self) -> str:
         """The family, its codec, the VAE's files, the dtype they load in and the family's options (its
         resolution or frame count shape the latents)."""
@@ -184,14 +191,14 @@ class PipelineFamily(TransformerAdapter):
 
     def vae_encode(self, media: Tensor) -> Tensor:
         """Media in [0, 1] to latents: the VAE posterior's mean, then ``(x - shift) * scale``."""
-        vae = self.vae.to(media.device)
+        vae = self.vae_on(media.device)
         pixels = (media * 2.0 - 1.0).to(next(vae.parameters()).dtype)
         latents = vae.encode(pixels).latent_dist.mode()
         return ((latents - vae.config.shift_factor) * vae.config.scaling_factor).to(media.dtype)
 
     def vae_decode(self, latents: Tensor) -> Tensor:
         """Latents to media in [0, 1], as the stock pipelines decode (fp32 result)."""
-        vae = self.vae.to(latents.device)
+        vae = self.vae_on(latents.device)
         scaled = latents / vae.config.scaling_factor + vae.config.shift_factor
         pixels = vae.decode(scaled.to(next(vae.parameters()).dtype), return_dict=False)[0]
         return (pixels.float() / 2.0 + 0.5).clamp(0.0, 1.0)

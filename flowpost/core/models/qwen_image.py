@@ -108,7 +108,7 @@ class QwenImageAdapter(PackedLatentFamily):
     def vae_encode(self, media: Tensor) -> Tensor:
         """Media ``[B, 3, H, W]`` in [0, 1] to latents ``[B, C, 1, h, w]``: the posterior's mean, then
         ``(x - latents_mean) / latents_std``."""
-        vae = self.vae.to(media.device)
+        vae = self.vae_on(media.device)
         pixels = (media * 2.0 - 1.0).unsqueeze(2).to(next(vae.parameters()).dtype)
         latents = vae.encode(pixels).latent_dist.mode()
         mean, inverse_std = self._latent_statistics(latents)
@@ -116,7 +116,7 @@ class QwenImageAdapter(PackedLatentFamily):
 
     def vae_decode(self, latents: Tensor) -> Tensor:
         """Latents ``[B, C, 1, h, w]`` to media in [0, 1], as the stock pipeline decodes (fp32 result)."""
-        vae = self.vae.to(latents.device)
+        vae = self.vae_on(latents.device)
         latents = latents.to(next(vae.parameters()).dtype)
         mean, inverse_std = self._latent_statistics(latents)
         pixels = vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]

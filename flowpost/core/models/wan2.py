@@ -212,7 +212,7 @@ class Wan2Adapter(PipelineFamily):
 
     def encode_output_state(self, media: Tensor) -> Tensor:
         """Videos ``[B, 3, T, H, W]`` in [0, 1] to latents: the posterior's mean, ``(z - mean) / std``."""
-        vae = self.vae.to(media.device)
+        vae = self.vae_on(media.device)
         pixels = (media * 2.0 - 1.0).to(next(vae.parameters()).dtype)
         latents = vae.encode(pixels).latent_dist.mode()
         mean, std = self._latent_statistics(latents)
@@ -220,7 +220,7 @@ class Wan2Adapter(PipelineFamily):
 
     def decode(self, latents: Tensor) -> Tensor:
         """Latents to videos ``[B, 3, T, H, W]`` in [0, 1], as the stock pipeline decodes (fp32 result)."""
-        vae = self.vae.to(latents.device)
+        vae = self.vae_on(latents.device)
         scaled = latents.to(next(vae.parameters()).dtype)
         mean, std = self._latent_statistics(scaled)
         pixels = vae.decode(scaled / (1.0 / std) + mean, return_dict=False)[0]
