@@ -85,6 +85,7 @@ def one_seed(seed: int, folders: dict[str, Path], out: Path) -> dict[str, Any]:
     metrics = evaluate_stage(
         pipeline.evaluate,
         stage="dpo",
+        rewards=pipeline.stages["dpo"].rewards,
         train_dir=out / "dpo",
         dataset_dir=data,
         conditions_dir=cond,

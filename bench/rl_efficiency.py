@@ -89,6 +89,7 @@ def run_method(run: PipelineRun, method: str, seed: int, out: Path) -> list[dict
             metrics = evaluate_stage(
                 p.evaluate.model_copy(update={"weights": "live"}),
                 stage=method,
+                rewards=p.stages[method].rewards,
                 train_dir=Path(tmp),
                 dataset_dir=run.path(f"acquire.{p.evaluate.dataset}"),
                 conditions_dir=cond_dir,
