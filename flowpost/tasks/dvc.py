@@ -101,14 +101,17 @@ def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
 
 
 def _curve_plots(pipeline: PipelineConfig, folders: dict[str, str]) -> dict[str, Any]:
-    """With ``evaluate.every``: each evaluated stage's ``curve.json`` as a top-level plot over ``step``
-    (inside its eval stage's out, so a plot definition rather than an out of its own)."""
-    if pipeline.evaluate.every is None:
+    """With ``evaluate.every``: each evaluated stage's ``curve.json`` as a top-level plot of its metrics over
+    ``step`` (inside its eval stage's out, so a plot definition rather than an out of its own)."""
+    evaluate = pipeline.evaluate
+    if evaluate.every is None:
         return {}
+    metrics = [metric.result_key for metric in evaluate.metrics or []]
+    plot = {"x": "step", "y": metrics}
     return {
         "plots": [
-            {f"{folders[f'eval.{name}']}/{CURVE_FILE}": {"x": "step", "title": f"{name}: evaluation over checkpoints"}}
-            for name in pipeline.evaluate.after
+            {f"{folders[f'eval.{name}']}/{CURVE_FILE}": {**plot, "title": f"{name}: evaluation over checkpoints"}}
+            for name in evaluate.after
         ]
     }
 

@@ -4,16 +4,24 @@ weights into ``curve.json``, which the report shows; the checkpoints' weights ar
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.evaluation.checkpoint_weights import load_checkpoint_weights
 from flowpost.core.models.registry import load_adapter
+from flowpost.tasks.dvc import dvc_stages
 from flowpost.tasks.runner import PipelineRun
+
+pytestmark = pytest.mark.slow  # a real 4-step stage and three evaluations of it
 
 
 def curve_pipeline(tiny_pipeline, **evaluate: Any) -> dict[str, Any]:
@@ -66,9 +74,68 @@ def test_the_report_has_a_table_of_the_curve(curve_run: PipelineRun) -> None:
         assert f"| {row['step']} | {row['adherence']:.4g} | {row['reward_mean']:.4g} | {row['fd']:.4g} |" in report
 
 
-def test_without_every_the_eval_node_writes_no_curve(completed_workspace: tuple[Path, dict[str, str]], tiny_pipeline) -> None:
+def test_without_every_the_eval_node_writes_no_curve(
+    completed_workspace: tuple[Path, dict[str, str]], tiny_pipeline
+) -> None:
     workspace, _ = completed_workspace
     run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
     assert not (run.path("eval.sft") / "curve.json").exists()
     assert "curve" not in json.loads((run.path("eval.sft") / "metrics.json").read_text())
     assert "over checkpoints" not in (run.path("report") / "report.md").read_text()
+
+
+def test_the_flow_publishes_the_curve_as_a_table_artifact(prefect_harness, curve_run: PipelineRun) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flowpost.flows.pipeline import pipeline_flow
+
+    results = pipeline_flow(curve_run.pipeline.model_dump(mode="json", by_alias=True), str(curve_run.workspace))
+    assert {r.status for r in results} == {"cached"}  # the artifact comes from the node's folder
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["curve-sft"])))
+    assert found and found[-1].type == "table"
+    rows = json.loads(found[-1].data)
+    curve = json.loads((curve_run.path("eval.sft") / "curve.json").read_text())
+    assert [row["step"] for row in rows] == [2, 4]
+    assert [row["fd"] for row in rows] == pytest.approx([row["fd"] for row in curve], abs=1e-6)
+
+
+def test_dvc_plots_show_renders_the_curve_over_step(curve_run: PipelineRun, tmp_path: Path) -> None:
+    stages = dvc_stages(curve_run.pipeline)
+    assert stages["plots"] == [
+        {
+            "workspace/eval/sft/curve.json": {
+                "x": "step",
+                "y": ["adherence", "reward_mean", "fd"],
+                "title": "sft: evaluation over checkpoints",
+            }
+        }
+    ]
+    assert "workspace/stages/sft/checkpoints" in stages["stages"]["eval.sft"]["deps"]
+    assert "evaluate.every" in stages["stages"]["eval.sft"]["params"]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def sh(*args: str) -> str:
+        done = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{' '.join(args)}\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    sh("git", "init", "-q")
+    sh(sys.executable, "-m", "dvc", "init", "-q")
+    pipeline = curve_run.pipeline.model_dump(mode="json", by_alias=True)
+    (repo / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    sh(sys.executable, "-m", "flowpost.cli", "dvc", "sync", "pipeline.yaml")
+    curve = repo / "workspace" / "eval" / "sft" / "curve.json"
+    curve.parent.mkdir(parents=True)
+    shutil.copy(curve_run.path("eval.sft") / "curve.json", curve)
+    shown = json.loads(sh(sys.executable, "-m", "dvc", "plots", "show", "--json"))["data"]
+    rendered = shown["workspace/eval/sft/curve.json"]
+    rows = json.loads(curve.read_text())
+    for metric in ("adherence", "reward_mean", "fd"):  # one plot line per metric, one point per scored step
+        values = [point for plot in rendered for point in plot["content"]["data"]["values"] if metric in point]
+        assert [point["step"] for point in values] == [2, 4]
+        assert [point[metric] for point in values] == [row[metric] for row in rows]
+    assert {plot["content"]["title"]["text"] for plot in rendered} == {"sft: evaluation over checkpoints"}
