@@ -107,10 +107,15 @@ def _curve_plots(pipeline: PipelineConfig, folders: dict[str, str]) -> dict[str,
     if evaluate.every is None:
         return {}
     metrics = [metric.result_key for metric in evaluate.metrics or []]
-    plot = {"x": "step", "y": metrics}
     return {
         "plots": [
-            {f"{folders[f'eval.{name}']}/{CURVE_FILE}": {**plot, "title": f"{name}: evaluation over checkpoints"}}
+            {
+                f"{folders[f'eval.{name}']}/{CURVE_FILE}": {
+                    "x": "step",
+                    "y": list(metrics),  # a list of its own per plot: no YAML anchors in dvc.yaml
+                    "title": f"{name}: evaluation over checkpoints",
+                }
+            }
             for name in evaluate.after
         ]
     }

@@ -173,14 +173,23 @@ def _metric_problems(pipeline: PipelineConfig) -> list[str]:
 
 
 def _curve_problems(pipeline: PipelineConfig) -> list[str]:
-    """``evaluate.every`` scores checkpoints: each evaluated stage writes one at every multiple of it and
-    keeps them all."""
+    """``evaluate.every`` scores checkpoints: each evaluated stage fully fine-tunes one network, writes a
+    checkpoint at every multiple of it and keeps them all."""
+    from flowpost.core.trainers.registry import trainer_class
+
     every = pipeline.evaluate.every
     if every is None:
         return []
     problems = []
     for name in pipeline.evaluate.after:
-        train = pipeline.stages[name].train
+        stage = pipeline.stages[name]
+        train = stage.train
+        if stage.model.lora is not None or trainer_class(stage.trainer).required_trainable_roles:
+            problems.append(
+                f"evaluate.every: stage {name!r} trains LoRA adapters or several roles, whose checkpoints are laid "
+                "out unlike its final weights; curves score stages that fully fine-tune one network: evaluate "
+                f"it at the end only (remove evaluate.every, or {name} from evaluate.after)"
+            )
         cadence, where = int(train["checkpoint_every"]), f"stages.{name}.train"
         if not cadence:
             problems.append(

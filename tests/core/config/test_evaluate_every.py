@@ -37,6 +37,10 @@ def test_unset_it_stays_out_of_the_params_and_set_it_is_there() -> None:
             "evaluate.every: stages.grpo.train.keep_last (2) deletes the checkpoints the evaluation scores",
         ),
         (["evaluate.every=0"], "evaluate.every: Input should be greater than or equal to 1"),
+        (
+            ["evaluate.every=100", "stages.grpo.model.lora={rank: 4}"],
+            "evaluate.every: stage 'grpo' trains LoRA adapters or several roles",
+        ),
     ],
 )
 def test_a_cadence_the_checkpoints_cannot_serve_names_evaluate_every(overrides: list[str], problem: str) -> None:
