@@ -101,8 +101,9 @@ def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
 
 
 def _curve_plots(pipeline: PipelineConfig, folders: dict[str, str]) -> dict[str, Any]:
-    """With ``evaluate.every``: each evaluated stage's ``curve.json`` as a top-level plot of its metrics over
-    ``step`` (inside its eval stage's out, so a plot definition rather than an out of its own)."""
+    """With ``evaluate.every``: a top-level plot ``<stage>-<metric>`` of each metric of each evaluated
+    stage's ``curve.json`` over ``step`` (one per metric: their scales differ); the file lies inside its
+    eval stage's out, so it is a plot definition rather than an out of its own."""
     evaluate = pipeline.evaluate
     if evaluate.every is None:
         return {}
@@ -110,13 +111,14 @@ def _curve_plots(pipeline: PipelineConfig, folders: dict[str, str]) -> dict[str,
     return {
         "plots": [
             {
-                f"{folders[f'eval.{name}']}/{CURVE_FILE}": {
+                f"{name}-{metric}": {
                     "x": "step",
-                    "y": list(metrics),  # a list of its own per plot: no YAML anchors in dvc.yaml
-                    "title": f"{name}: evaluation over checkpoints",
+                    "y": {f"{folders[f'eval.{name}']}/{CURVE_FILE}": metric},
+                    "title": f"{name}: {metric} over checkpoints",
                 }
             }
             for name in evaluate.after
+            for metric in metrics
         ]
     }
 

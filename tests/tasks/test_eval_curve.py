@@ -103,14 +103,10 @@ def test_the_flow_publishes_the_curve_as_a_table_artifact(prefect_harness, curve
 
 def test_dvc_plots_show_renders_the_curve_over_step(curve_run: PipelineRun, tmp_path: Path) -> None:
     stages = dvc_stages(curve_run.pipeline)
+    curve_file = "workspace/eval/sft/curve.json"
     assert stages["plots"] == [
-        {
-            "workspace/eval/sft/curve.json": {
-                "x": "step",
-                "y": ["adherence", "reward_mean", "fd"],
-                "title": "sft: evaluation over checkpoints",
-            }
-        }
+        {f"sft-{m}": {"x": "step", "y": {curve_file: m}, "title": f"sft: {m} over checkpoints"}}
+        for m in ("adherence", "reward_mean", "fd")
     ]
     assert "workspace/stages/sft/checkpoints" in stages["stages"]["eval.sft"]["deps"]
     assert "evaluate.every" in stages["stages"]["eval.sft"]["params"]
@@ -132,10 +128,10 @@ def test_dvc_plots_show_renders_the_curve_over_step(curve_run: PipelineRun, tmp_
     curve.parent.mkdir(parents=True)
     shutil.copy(curve_run.path("eval.sft") / "curve.json", curve)
     shown = json.loads(sh(sys.executable, "-m", "dvc", "plots", "show", "--json"))["data"]
-    rendered = shown["workspace/eval/sft/curve.json"]
     rows = json.loads(curve.read_text())
-    for metric in ("adherence", "reward_mean", "fd"):  # one plot line per metric, one point per scored step
-        values = [point for plot in rendered for point in plot["content"]["data"]["values"] if metric in point]
+    for metric in ("adherence", "reward_mean", "fd"):  # a plot per metric, a point per scored step
+        (plot,) = shown[f"sft-{metric}"]
+        assert plot["content"]["title"]["text"] == f"sft: {metric} over checkpoints"
+        values = plot["content"]["data"]["values"]
         assert [point["step"] for point in values] == [2, 4]
         assert [point[metric] for point in values] == [row[metric] for row in rows]
-    assert {plot["content"]["title"]["text"] for plot in rendered} == {"sft: evaluation over checkpoints"}
