@@ -80,6 +80,11 @@ def _step_dirs(root: Path) -> list[Path]:
     return sorted(steps, key=lambda p: int(_STEP_DIR.match(p.name).group(1)), reverse=True)  # type: ignore[union-attr]
 
 
+def step_checkpoints(root: str | Path) -> list[Path]:
+    """``root``'s ``step-N`` folders, oldest first (none when ``root`` does not exist)."""
+    return _step_dirs(Path(root))[::-1]
+
+
 def _prune(root: Path, *, keep: tuple[Path, ...], keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` step folders; those in ``keep`` (the one just written first)
     always stay."""

@@ -18,6 +18,7 @@ from prefect.states import Failed
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.events import Event, GuardEvent, StartEvent, StepEvent
 from flowpost.errors import FlowpostError, TransientError
+from flowpost.tasks.curve import read_curve
 from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.interrupts import stop_run_on_signals
 from flowpost.tasks.runner import NodeResult, PipelineRun
@@ -91,6 +92,14 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
             table=metrics_table(state["rows"]),
             key=f"metrics-{_artifact_key(node_id)}",
             description=f"{node_id}: metrics per logged step",
+        )
+    curve = read_curve(result.path) if run.nodes[node_id].kind is NodeKind.EVAL else None
+    if curve is not None:
+        stage = run.nodes[node_id].key
+        create_table_artifact(
+            table=metrics_table(curve),
+            key=f"curve-{_artifact_key(stage)}",
+            description=f"{node_id}: metrics per scored checkpoint (evaluate.every)",
         )
     return result
 

@@ -3,7 +3,8 @@
 Each DVC stage calls ``flowpost stage NODE --pipeline params.yaml --workspace workspace --layout
 fixed --force``: DVC decides what is stale, flowpost runs it in the node's fixed folder. Outs are
 the durable results only; a training stage's checkpoints are ``persist: true, cache: false`` so a
-killed ``dvc repro`` resumes. ``workspace/promoted.json`` is workspace state outside DVC: the
+killed ``dvc repro`` resumes (with ``evaluate.every`` the eval stages depend on them and each
+``curve.json`` is a plot over ``step``). ``workspace/promoted.json`` is workspace state outside DVC: the
 promotion gate and stages with ``init: previous`` read it, so their stages are ``always_changed``
 (flowpost still reuses what did not change: a training stage resumes its finished checkpoints).
 
@@ -26,6 +27,7 @@ from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import file_errors_reported, write_bytes_atomic
 from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
+from flowpost.tasks.curve import CURVE_FILE
 from flowpost.tasks.graph import Node, NodeKind, build_nodes, code_fingerprint, fixed_folder, reads_promoted
 
 PARAMS_FILE = "params.yaml"
@@ -82,6 +84,8 @@ def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
     }
     for node in nodes:
         deps = [CODE_FILE, *(_dep_path(folders[dep], dep) for dep in node.deps)]
+        if node.kind is NodeKind.EVAL and pipeline.evaluate.every is not None:
+            deps.append(f"{folders[f'train.{node.key}']}/checkpoints")  # the curve scores them
         dataset = pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
         deps += source_dependencies(dataset, where=f"datasets.{node.key}") if dataset is not None else []
         stage: dict[str, Any] = {
@@ -93,7 +97,30 @@ def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
         if reads_promoted(node):
             stage["always_changed"] = True
         stages[node.id] = stage
-    return {"stages": stages}
+    return {"stages": stages, **_curve_plots(pipeline, folders)}
+
+
+def _curve_plots(pipeline: PipelineConfig, folders: dict[str, str]) -> dict[str, Any]:
+    """With ``evaluate.every``: a top-level plot ``<stage>-<metric>`` of each metric of each evaluated
+    stage's ``curve.json`` over ``step`` (one per metric: their scales differ); the file lies inside its
+    eval stage's out, so it is a plot definition rather than an out of its own."""
+    evaluate = pipeline.evaluate
+    if evaluate.every is None:
+        return {}
+    metrics = [metric.result_key for metric in evaluate.metrics or []]
+    return {
+        "plots": [
+            {
+                f"{name}-{metric}": {
+                    "x": "step",
+                    "y": {f"{folders[f'eval.{name}']}/{CURVE_FILE}": metric},
+                    "title": f"{name}: {metric} over checkpoints",
+                }
+            }
+            for name in evaluate.after
+            for metric in metrics
+        ]
+    }
 
 
 def _dep_path(folder: str, node_id: str) -> str:

@@ -14,9 +14,11 @@ from flowpost.core.evaluation.plan import EvalPlan, generate
 from flowpost.core.evaluation.registry import build_metric
 from flowpost.core.evaluation.samples import EvalSamples, Metric
 from flowpost.core.io import read_json, write_json_atomic
+from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import load_adapter
 from flowpost.data.condition_cache import load_conditions
 from flowpost.data.eval_split import read_eval_split
+from flowpost.tasks.curve import Counter, checkpoint_curve, due_checkpoints, write_curve
 from flowpost.tasks.weights import stage_weights
 
 SMOKE_SAMPLES = 20
@@ -37,12 +39,14 @@ def evaluate_stage(
     out_dir: Path,
     seed: int,
     smoke: bool = False,
+    counter: Counter = "optimizer_step",
 ) -> dict[str, Any]:
     """Write ``metrics.json`` and ``grid.png`` for one stage; return the metrics.
 
     Each metric's value is its mean over the seeds; with several seeds ``intervals`` holds its 95 %
     interval and ``per_seed`` the values of each. A stage trained on ``rewards`` also gets their
-    weighted sum on the samples (``trained_reward``) and its gap to the headline metric.
+    weighted sum on the samples (``trained_reward``) and its gap to the headline metric. With
+    ``evaluate.every`` the checkpoints at its multiples of ``counter`` are scored too, into ``curve.json``.
     """
     assert config.metrics is not None  # the schema fills in or requires them
     weights_dir, weights = stage_weights(train_dir, config.weights)
@@ -62,35 +66,43 @@ def evaluate_stage(
     conditions = load_conditions(conditions_dir, split.prompts, encoder_fingerprint=encoder_fingerprint)
     negative = load_conditions(conditions_dir, [NULL_PROMPT], encoder_fingerprint=encoder_fingerprint)
     samples_per_seed = min(config.samples, SMOKE_SAMPLES) if smoke else config.samples
-    per_seed: list[dict[str, Any]] = []
-    for noise_seed in config.noise_seeds():
-        plan = EvalPlan(
-            prompts=split.prompts,
-            samples=samples_per_seed,
-            steps=config.steps,
-            guidance=config.guidance,
-            seed=noise_seed,
-            batch_size=config.batch_size,
-        )
-        rows = plan.rows()
-        samples = EvalSamples(
-            images=generate(adapter, plan, conditions, negative),
-            prompts=[split.prompts[r] for r in rows],
-            metadata=[split.metadata[r] for r in rows],
-            reference=split.reference,
-        )
-        values = {key: metric(samples) for key, metric in metrics.items()}
-        if trained:
-            values[TRAINED_REWARD] = sum(weight * metric(samples) for metric, weight in trained)
-        per_seed.append({"seed": noise_seed, **values})
-        if len(per_seed) == 1:
-            shown, columns = _grid(samples)
-            save_grid(samples.images[shown], out_dir / "grid.png", nrow=columns)
-    result = _summary(per_seed, headline=config.metrics[0].result_key)
+
+    def score(model: ModelAdapter, grid: Path | None = None) -> list[dict[str, Any]]:
+        """One row per noise seed: each metric (and the trained reward) on ``model``'s samples."""
+        per_seed: list[dict[str, Any]] = []
+        for noise_seed in config.noise_seeds():
+            plan = EvalPlan(
+                prompts=split.prompts,
+                samples=samples_per_seed,
+                steps=config.steps,
+                guidance=config.guidance,
+                seed=noise_seed,
+                batch_size=config.batch_size,
+            )
+            rows = plan.rows()
+            samples = EvalSamples(
+                images=generate(model, plan, conditions, negative),
+                prompts=[split.prompts[r] for r in rows],
+                metadata=[split.metadata[r] for r in rows],
+                reference=split.reference,
+            )
+            values = {key: metric(samples) for key, metric in metrics.items()}
+            if trained:
+                values[TRAINED_REWARD] = sum(weight * metric(samples) for metric, weight in trained)
+            per_seed.append({"seed": noise_seed, **values})
+            if grid is not None and len(per_seed) == 1:
+                shown, columns = _grid(samples)
+                save_grid(samples.images[shown], grid, nrow=columns)
+        return per_seed
+
+    headline = config.metrics[0].result_key
+    per_seed = score(adapter, out_dir / "grid.png")
+    result = _summary(per_seed, headline=headline)
+    final = _means(result)  # the curve's last row
     progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
     result |= {
         "metrics": list(metrics),
-        "headline": config.metrics[0].result_key,
+        "headline": headline,
         "n_samples": samples_per_seed * len(per_seed),
         "samples_per_seed": samples_per_seed,
         "weights": weights,
@@ -104,8 +116,23 @@ def evaluate_stage(
         "step": int(progress["optimizer_step"]),
         "grid": str(out_dir / "grid.png"),
     }
+    if config.every is not None:
+        due = due_checkpoints(train_dir / "checkpoints", every=config.every, counter=counter, smoke=smoke)
+        curve = checkpoint_curve(
+            adapter,
+            due,
+            weights=weights,
+            final={"step": result["step"], **final},
+            score=lambda model: _means(_summary(score(model), headline=headline)),
+        )
+        result["curve"] = str(write_curve(out_dir, curve))
     write_json_atomic(out_dir / "metrics.json", result)
     return result
+
+
+def _means(summary: dict[str, Any]) -> dict[str, float]:
+    """A summary's mean values alone (no intervals, no per-seed rows)."""
+    return {key: value for key, value in summary.items() if key not in ("intervals", "per_seed")}
 
 
 def _summary(per_seed: list[dict[str, Any]], *, headline: str) -> dict[str, Any]:

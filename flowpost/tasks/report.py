@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
+from flowpost.tasks.curve import CURVE_FILE, read_curve
 from flowpost.tasks.evaluate import GAP, TRAINED_REWARD
 from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
 from flowpost.tasks.promote import DECISION_FILE
@@ -27,8 +28,8 @@ def write_report(
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
     [intervals], [guard: {fired, checks, at, ended_with}]}}`` to each out dir; report.md adds what the guards
-    of ``guard_dirs`` (stage -> training folder) decided, the sample grids (embedded), the export and the
-    promotion gate's decision."""
+    of ``guard_dirs`` (stage -> training folder) decided, each stage's checkpoint curve (``evaluate.every``),
+    the sample grids (embedded), the export and the promotion gate's decision."""
     metrics: dict[str, Any] = {}
     headlines: dict[str, str] = {}
     for stage, directory in eval_dirs.items():
@@ -54,6 +55,9 @@ def write_report(
             + ", ".join(f"{stage}: `{headlines[stage]}`" for stage, m in metrics.items() if GAP in m)
             + "). A gap that grows from stage to stage is a reward being learnt rather than the task.",
         ]
+    curves = {stage: curve for stage, directory in eval_dirs.items() if (curve := read_curve(directory)) is not None}
+    for stage, curve in curves.items():
+        lines += ["", f"## {stage} over checkpoints (`{eval_dirs[stage] / CURVE_FILE}`)", "", *_curve_table(curve)]
     if any("intervals" in m for m in metrics.values()):
         lines += ["", "Values are means over the evaluation seeds, with their 95 % interval in brackets."]
     lines += ["", "Sample grids (one row per digit or prompt, held-out prompts):", ""]
@@ -87,6 +91,14 @@ def _table(metrics: dict[str, Any]) -> list[str]:
             + " | ".join([stage, *cells, str(m["n_samples"]), str(m["step"]), m["weights"], str(m["smoke"])])
             + " |"
         )
+    return lines
+
+
+def _curve_table(curve: list[dict[str, Any]]) -> list[str]:
+    """One row per scored step, one column per metric (means over the seeds)."""
+    columns = [key for key in curve[0] if key != "step"]
+    lines = ["| " + " | ".join(["step", *columns]) + " |", "|" + " --- |" * (len(columns) + 1)]
+    lines += ["| " + " | ".join([str(row["step"]), *(f"{row[key]:.4g}" for key in columns)]) + " |" for row in curve]
     return lines
 
 

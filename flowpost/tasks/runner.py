@@ -40,6 +40,7 @@ from flowpost.data.prompt_files import prompt_files_fingerprint
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
+from flowpost.tasks.curve import budget_counter
 from flowpost.tasks.evaluate import evaluate_stage
 from flowpost.tasks.export import export_stage
 from flowpost.tasks.graph import (
@@ -346,6 +347,7 @@ def _eval(call: NodeCall) -> dict[str, Any]:
         out_dir=call.out,
         seed=p.seed,
         smoke=p.smoke,
+        counter=budget_counter(p.stages[call.node.key]),
     )
 
 

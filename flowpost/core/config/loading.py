@@ -146,7 +146,7 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         problems += _guard_problems(name, stage, arguments, pipeline.datasets)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
-    if problems := _metric_problems(pipeline):
+    if problems := _metric_problems(pipeline) + _curve_problems(pipeline):
         raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     for warning in judge_reward_warnings(pipeline):
         log.warning("%s: %s", source, warning)
@@ -168,6 +168,43 @@ def _metric_problems(pipeline: PipelineConfig) -> list[str]:
             problems.append(
                 f"{where}: {metric.name!r} reads the digit classifiers of a builtin-digits dataset, and "
                 f"evaluate.dataset {evaluate.dataset!r} is not one; evaluate on the digits or pick another metric"
+            )
+    return problems
+
+
+def _curve_problems(pipeline: PipelineConfig) -> list[str]:
+    """``evaluate.every`` scores checkpoints: each evaluated stage fully fine-tunes one network, writes a
+    checkpoint at every multiple of it and keeps them all."""
+    from flowpost.core.trainers.registry import trainer_class
+
+    every = pipeline.evaluate.every
+    if every is None:
+        return []
+    problems = []
+    for name in pipeline.evaluate.after:
+        stage = pipeline.stages[name]
+        train = stage.train
+        if stage.model.lora is not None or trainer_class(stage.trainer).required_trainable_roles:
+            problems.append(
+                f"evaluate.every: stage {name!r} trains LoRA adapters or several roles, whose checkpoints are laid "
+                "out unlike its final weights; curves score stages that fully fine-tune one network: evaluate "
+                f"it at the end only (remove evaluate.every, or {name} from evaluate.after)"
+            )
+        cadence, where = int(train["checkpoint_every"]), f"stages.{name}.train"
+        if not cadence:
+            problems.append(
+                f"evaluate.every: stage {name!r} writes no checkpoints to score; set {where}.checkpoint_every "
+                f"(e.g. {every})"
+            )
+        elif every % cadence:
+            problems.append(
+                f"evaluate.every: {every} is not a multiple of {where}.checkpoint_every ({cadence}), so some scored "
+                f"checkpoints would not exist; use a multiple of {cadence}"
+            )
+        if train.get("keep_last") is not None:
+            problems.append(
+                f"evaluate.every: {where}.keep_last ({train['keep_last']}) deletes the checkpoints the evaluation "
+                "scores; remove keep_last (the default keeps every checkpoint)"
             )
     return problems
 

@@ -645,7 +645,7 @@ class GuardConfig(StrictModel):
 
 # what an evaluation's metrics.json holds besides the metrics
 RESULT_FIELDS = """trained_reward reward_judge_gap intervals per_seed metrics headline n_samples samples_per_seed
-weights seed eval_seed eval_seeds smoke steps guidance stage step grid""".split()
+weights seed eval_seed eval_seeds smoke steps guidance stage step grid curve""".split()
 DIGITS_METRICS = ("adherence", {"name": "digit_adherence", "key": "reward_mean"}, "fd")  # judge, reward, judge FD
 
 
@@ -671,6 +671,21 @@ class EvaluateConfig(StrictModel):
     )
     batch_size: int = Field(250, ge=1)
     weights: Literal["ema", "live"] = Field("ema", description="ema falls back to live without EMA")
+    every: int | None = Field(
+        None,
+        ge=1,
+        description="budget units between scored checkpoints (a multiple of each evaluated stage's "
+        "train.checkpoint_every): eval.<stage>/curve.json, one row per checkpoint and the final weights; "
+        "null: the final weights only",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_every(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``every`` only when configured, so pipelines without curves keep their params and fingerprints."""
+        data = handler(self)
+        if self.every is None:
+            data.pop("every", None)
+        return data
 
     @field_validator("seeds")
     @classmethod
