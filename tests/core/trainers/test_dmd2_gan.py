@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from one_device import OneDevice
 
 from flowpost.core.checkpoint import latest_checkpoint, load_checkpoint
 from flowpost.core.trainers.distill.dmd2 import DMD2Trainer
@@ -38,7 +41,8 @@ def test_the_gan_losses_are_the_logistic_losses_of_their_logits():
     expected = (math.log1p(math.exp(-2.0)) + math.log1p(math.exp(1.0))) / 2
     expected += (math.log1p(math.exp(0.5)) + math.log1p(math.exp(3.0))) / 2
     assert discriminator_loss(real, fake).item() == pytest.approx(expected, rel=1e-6)
-    assert generator_gan_loss(fake).item() == pytest.approx((math.log1p(math.exp(-0.5)) + math.log1p(math.exp(-3.0))) / 2)
+    generator = (math.log1p(math.exp(-0.5)) + math.log1p(math.exp(-3.0))) / 2
+    assert generator_gan_loss(fake).item() == pytest.approx(generator, rel=1e-6)
 
 
 def test_without_gan_training_is_bit_identical_to_a_gan_of_zero_weights(make_trainer, tmp_path):
@@ -119,3 +123,21 @@ def test_the_head_is_checkpointed_and_a_resumed_gan_stage_matches_an_uninterrupt
 def test_gan_on_lora_roles_is_refused_naming_the_config_path(make_trainer, tmp_path):
     with pytest.raises(FlowpostError, match=r"stages\.sft\.train\.gan.*remove model\.lora|remove model\.lora"):
         _dmd2(make_trainer, tmp_path, gan=GAN, lora_rank=4)
+
+
+def test_the_gan_terms_run_on_the_latents_device(make_trainer, tmp_path):
+    meta = torch.device("meta")
+    trainer = _dmd2(make_trainer, tmp_path, gan=GAN)
+    rollout = trainer.generate()
+    trainer.adapter.trainable_network().to(meta)  # the head with the fake score's network
+    trainer.accelerator = SimpleNamespace(device=meta)
+    on_meta = replace(
+        rollout,
+        conditions=rollout.conditions.to(meta),
+        final=rollout.final.to(meta),
+        latents=rollout.latents.to(meta),
+        next_latents=rollout.next_latents.to(meta),
+    )
+    with OneDevice():
+        losses = [trainer.discriminator_objective(on_meta, "0-0"), *trainer.generator_objectives(on_meta, "0-1")]
+    assert all(loss.device == meta and loss.dtype == torch.float32 and loss.dim() == 0 for loss in losses)

@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
+from flowpost.core.roles import RoleAdapters
 from flowpost.core.trainers.distill.distribution_matching import (
     dmd_generator_loss,
     dmd_gradient,
@@ -41,7 +42,6 @@ from flowpost.core.trainers.distill.teacher import TEACHER
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import flow_matching_loss, noised
 from flowpost.core.trainers.rl.rollout import Rollout
-from flowpost.core.roles import RoleAdapters
 from flowpost.core.trainers.role_plan import RoleUpdatePlan
 from flowpost.errors import FlowpostError
 
@@ -128,7 +128,7 @@ class DMD2Trainer(GenerationTrainer):
         return UpdateDraws(self.spec.seed, self.stage, self.progress.rollout_iteration, batch, tag)
 
     def fake_score_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
-        """Backpropagate ``fake_score_objective`` (plus the weighted discriminator loss) times ``scale``; its metrics."""
+        """Backpropagate ``fake_score_objective`` (plus the weighted discriminator loss) times ``scale``."""
         loss = self.fake_score_objective(batch, tag)
         if self.gan is None:
             self.backward(loss * scale)
@@ -206,7 +206,8 @@ class DMD2Trainer(GenerationTrainer):
         items = [self.real[row] for row in rows]
         if "image" not in items[0]:
             raise FlowpostError(
-                "the GAN term encodes the dataset's images itself; remove data.latents", where=f"stages.{self.stage}.data"
+                "the GAN term encodes the dataset's images itself; remove data.latents",
+                where=f"stages.{self.stage}.data",
             )
         device = self.accelerator.device
         with torch.no_grad():
