@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from one_device import OneDevice
 
 from flowpost.core.checkpoint import latest_checkpoint, load_checkpoint
+from flowpost.core.io import sha256_file, write_json_atomic
 from flowpost.core.trainers.distill.dmd2 import DMD2Trainer
 from flowpost.core.trainers.distill.gan import HEAD_NAME, discriminator_loss, generator_gan_loss
 from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
@@ -141,3 +143,15 @@ def test_the_gan_terms_run_on_the_latents_device(make_trainer, tmp_path):
     with OneDevice():
         losses = [trainer.discriminator_objective(on_meta, "0-0"), *trainer.generator_objectives(on_meta, "0-1")]
     assert all(loss.device == meta and loss.dtype == torch.float32 and loss.dim() == 0 for loss in losses)
+
+
+def test_gan_without_dataset_images_is_refused_naming_the_data_section(make_trainer, data_dirs, tmp_path):
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    rows = "".join(json.dumps({"prompt": f"digit {i}", "metadata": {"label": i}}) + "\n" for i in range(10))
+    (prompts / "prompts.jsonl").write_text(rows, encoding="utf-8")
+    write_json_atomic(prompts / "manifest.json", {"sha256": sha256_file(prompts / "prompts.jsonl")})
+    dirs = (prompts, data_dirs[1])
+    _dmd2(make_trainer, tmp_path / "off", dirs=dirs)  # the prompts are enough without the GAN term
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.data.*dataset of images"):
+        _dmd2(make_trainer, tmp_path / "on", dirs=dirs, gan=GAN)
