@@ -38,8 +38,19 @@ class ConditionTable:
         return self.batch.index([rows[p] for p in prompts])
 
 
+class RecordSource(Protocol):
+    """Random access to a dataset's records, as per-sample dicts (``image``, ``prompt``, ...)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+
 class BatchLoader(Protocol):
-    """A finite, rank-aware loader: the same batches per epoch on every run."""
+    """A finite, rank-aware loader: the same batches per epoch on every run; ``dataset`` the records it draws."""
+
+    @property
+    def dataset(self) -> RecordSource: ...
 
     @property
     def batches_per_epoch(self) -> int: ...

@@ -6,6 +6,10 @@ Two trainable roles: the ``generator`` (the few-step student; it owns the base w
 sigma, are pushed along ``x0_fake - x0_real``: the reverse-KL gradient between the generator's
 distribution and the teacher's. Backward simulation: the generator update starts from a state its
 own (stored, gradient-free) rollout reached at a random step. No rewards.
+
+Optional GAN term (``train.gan``): a discriminator on the fake score's middle-block features tells
+noisy dataset images from noisy generator samples; its logistic loss joins the fake-score update and
+the non-saturating generator loss joins the generator update.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
+from flowpost.core.roles import RoleAdapters
 from flowpost.core.trainers.distill.distribution_matching import (
     dmd_generator_loss,
     dmd_gradient,
@@ -25,6 +30,7 @@ from flowpost.core.trainers.distill.distribution_matching import (
     x0_from_velocity,
 )
 from flowpost.core.trainers.distill.draws import UpdateDraws, rows_at
+from flowpost.core.trainers.distill.gan import Discriminator, GANConfig, discriminator_loss, generator_gan_loss
 from flowpost.core.trainers.distill.scores import (
     FAKE_SCORE,
     GENERATOR,
@@ -41,10 +47,14 @@ from flowpost.errors import FlowpostError
 
 
 class DMD2Arguments(DistributionMatchingArguments):
-    """``train:`` of a DMD2 stage (the paper's optional regression and GAN terms are not implemented)."""
+    """``train:`` of a DMD2 stage: pure distribution matching, plus the GAN term when ``gan`` is set. Like
+    DMD2, flowpost has no regression term (DMD1's paired teacher-ODE loss)."""
 
     sigma_range: tuple[float, float] = Field(
         (0.02, 0.98), description="the fake-score training sigmas and the perturbation sigmas are uniform here"
+    )
+    gan: GANConfig | None = Field(
+        None, description="the GAN term on the fake score's features (needs a dataset of images); null: off"
     )
 
     @model_validator(mode="after")
@@ -75,6 +85,36 @@ class DMD2Trainer(GenerationTrainer):
         self.plan = RoleUpdatePlan(((FAKE_SCORE, self.args.ttur), (GENERATOR, 1)))
         conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
         self.null = conditions.lookup([NULL_PROMPT]) if self.args.real_guidance != 1.0 else None
+        self.gan = self.args.gan if isinstance(self.args, DMD2Arguments) else None
+        self.discriminator = self.build_discriminator() if self.gan is not None else None
+
+    def build_discriminator(self) -> Discriminator:
+        """The GAN head on the fake-score network (before the optimizers: the fake score's trains it) and
+        the dataset its real images come from."""
+        where = f"stages.{self.stage}.train.gan"
+        variants = self.adapter.variants
+        assert variants is not None  # declared before setup
+        if isinstance(variants, RoleAdapters):
+            raise FlowpostError(
+                "the GAN head lives in the fake score's own network; train full copies (remove model.lora) "
+                "or remove train.gan",
+                where=where,
+            )
+        if self.parallel.name == "sharded":
+            raise FlowpostError(
+                "the GAN head is not sharded; use launch.backend ddp or remove train.gan",
+                where=f"stages.{self.stage}.launch.backend",
+            )
+        demonstrations = self.inputs.demonstrations
+        if demonstrations is None:
+            raise FlowpostError(
+                "train.gan compares generated samples with real images: name a dataset of images in data.dataset",
+                where=f"stages.{self.stage}.data",
+            )
+        self.real = demonstrations(global_batch_size=1, seed=self.spec.seed).dataset
+        self.real_conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
+        network = variants.module(FAKE_SCORE)
+        return Discriminator(self.scores, network, seed=self.spec.seed, where=where)
 
     def sample(self) -> Rollout:
         return self.generate()
@@ -88,10 +128,15 @@ class DMD2Trainer(GenerationTrainer):
         return UpdateDraws(self.spec.seed, self.stage, self.progress.rollout_iteration, batch, tag)
 
     def fake_score_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
-        """Backpropagate ``fake_score_objective`` times ``scale``; its metrics."""
+        """Backpropagate ``fake_score_objective`` (plus the weighted discriminator loss) times ``scale``."""
         loss = self.fake_score_objective(batch, tag)
-        self.backward(loss * scale)
-        return {"loss": float(loss.detach())}
+        if self.gan is None:
+            self.backward(loss * scale)
+            return {"loss": float(loss.detach())}
+        gan = self.discriminator_objective(batch, tag)
+        total = loss + self.gan.discriminator_weight * gan
+        self.backward(total * scale)
+        return {"loss": float(total.detach()), "flow_matching": float(loss.detach()), "gan": float(gan.detach())}
 
     def generator_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
         """Backpropagate each of ``generator_objectives`` times ``scale``; their summed value."""
@@ -99,6 +144,8 @@ class DMD2Trainer(GenerationTrainer):
         for loss in self.generator_objectives(batch, tag):
             self.backward(loss * scale)
             total += float(loss.detach())
+        if self.gan is not None:  # the GAN loss reached the fake score and its head too: not theirs to keep
+            self.roles[FAKE_SCORE].zero_grad(set_to_none=True)
         return {"loss": total}
 
     def negative_state(self, rows: int) -> ConditionState | None:
@@ -138,4 +185,46 @@ class DMD2Trainer(GenerationTrainer):
             fake = self.scores.fake_x0(x_t, sigma, state)
             gradient = dmd_gradient(x0, real, fake)
         x0_live = x0_from_velocity(x, sigma_k, self.adapter.velocity(x, sigma_k, state))
-        yield dmd_generator_loss(x0_live, x0 - gradient).mean()
+        loss = dmd_generator_loss(x0_live, x0 - gradient).mean()
+        if self.gan is not None:
+            assert self.discriminator is not None
+            x_gan, sigma_gan = self.gan_noised(x0_live, draws, "gan-generator")
+            loss = loss + self.gan.generator_weight * generator_gan_loss(
+                self.discriminator.logits(x_gan, sigma_gan, state)
+            )
+        yield loss
+
+    def gan_noised(self, x0: Tensor, draws: UpdateDraws, purpose: str) -> tuple[Tensor, Tensor]:
+        """``x0`` noised at a fresh sigma in ``sigma_range`` (the diffusion GAN's input) and that sigma."""
+        noise = draws.normal(f"{purpose}-noise", x0)
+        sigma = uniform_sigmas(draws.uniform(f"{purpose}-sigma", x0), *self.args.sigma_range)
+        return noised(x0, noise, sigma), sigma
+
+    def real_latents(self, draws: UpdateDraws, like: Tensor) -> tuple[Tensor, ConditionState]:
+        """One dataset image per row (addressed draws pick them), encoded, with its prompt's condition state."""
+        rows = draws.index("gan-real", len(self.real)).tolist()
+        items = [self.real[row] for row in rows]
+        if "image" not in items[0]:
+            raise FlowpostError(
+                "the GAN term encodes the dataset's images itself; remove data.latents",
+                where=f"stages.{self.stage}.data",
+            )
+        device = self.accelerator.device
+        with torch.no_grad():
+            x0 = self.adapter.encode_output_state(torch.stack([item["image"] for item in items]).to(device))
+        state = self.adapter.prepare_condition_state(
+            self.real_conditions.lookup([item["prompt"] for item in items]).to(device)
+        )
+        return x0.to(like.dtype), state
+
+    def discriminator_objective(self, batch: Rollout, tag: str) -> Tensor:
+        """The discriminator loss on noisy dataset images against the generator's noisy (detached) samples."""
+        assert self.discriminator is not None
+        device = self.accelerator.device
+        draws = self.draws(batch, tag)
+        fake = batch.final.to(device)
+        real, real_state = self.real_latents(draws, fake)
+        fake_state = self.adapter.prepare_condition_state(batch.conditions.to(device))
+        real_logits = self.discriminator.logits(*self.gan_noised(real, draws, "gan-real"), real_state)
+        fake_logits = self.discriminator.logits(*self.gan_noised(fake, draws, "gan-fake"), fake_state)
+        return discriminator_loss(real_logits, fake_logits)
