@@ -14,4 +14,4 @@ T = TypeVar("T")
 def item_progress(items: Iterable[T], *, desc: str, stream: TextIO | None = None) -> Iterator[T]:
     """``items`` unchanged, counted on ``stream`` (default stderr) when it is a terminal."""
     out = sys.stderr if stream is None else stream
-    yield from tqdm(items, desc=desc, unit="item", file=out, disable=not out.isatty(), leave=False, dynamic_ncols=True)
+    yield from tqdm(items, desc=desc, unit="item", file=out, disable=not out.isatty(), dynamic_ncols=True)

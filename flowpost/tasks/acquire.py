@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +76,16 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
 
     Items are decoded one at a time straight into their split's shards, so memory holds one shard per
     split, not the source; ``manifest.json`` is written only once every item was read and the bad ones
-    stayed within ``max_bad_fraction``.
+    stayed within ``max_bad_fraction``; a failure removes the shards written so far.
     """
     bad = BadItems()
     writers = {name: ShardWriter(out_dir / name, shard_size=shard_size) for name in ("train", "eval")}
-    records = captioned_records(config, bad, where=where)
-    for name, record in item_progress(records, desc=f"acquire {source_location(config)}"):
-        writers[name].add(record)
-    check_captioned(config, bad, trained=writers["train"].count, where=where)
-    shards = {name: writer.close() for name, writer in writers.items() if writer.count}
+    with _removed_on_failure(out_dir, list(writers)):
+        records = captioned_records(config, bad, where=where)
+        for name, record in item_progress(records, desc=f"acquire {source_location(config)}"):
+            writers[name].add(record)
+        check_captioned(config, bad, trained=writers["train"].count, where=where)
+        shards = {name: writer.close() for name, writer in writers.items() if writer.count}
     for name, manifest in shards.items():
         write_json_atomic(out_dir / name / "manifest.json", manifest)
     held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
@@ -100,6 +104,20 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
     write_json_atomic(out_dir / "manifest.json", manifest)
     log.info("acquired %s: %s", manifest["path"], manifest["counts"])
     return manifest
+
+
+@contextmanager
+def _removed_on_failure(out_dir: Path, parts: list[str]) -> Iterator[None]:
+    """Remove ``out_dir``'s ``parts`` (and ``out_dir`` itself when it did not exist) if the body raises."""
+    existed = out_dir.exists()
+    try:
+        yield
+    except BaseException:
+        for part in parts:
+            shutil.rmtree(out_dir / part, ignore_errors=True)
+        if not existed:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def acquire_digits(config: DatasetConfig, out_dir: Path, *, smoke: bool = False) -> dict[str, Any]:
