@@ -86,22 +86,22 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
             writers[name].add(record)
         check_captioned(config, bad, trained=writers["train"].count, where=where)
         shards = {name: writer.close() for name, writer in writers.items() if writer.count}
-    for name, manifest in shards.items():
-        write_json_atomic(out_dir / name / "manifest.json", manifest)
-    held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
-    manifest = {
-        "source": config.source,
-        "path": source_location(config),
-        "files_fingerprint": source_fingerprint(config, where=where),
-        "preprocess": config.preprocess.model_dump(mode="json"),
-        "counts": {name: writer.count for name, writer in writers.items()} | {"bad": bad.total},
-        "bad_items": bad.manifest(),
-        "shards": {name: m["shards"] for name, m in shards.items()},
-        "train_prompts": shards["train"]["prompts"],
-        "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in set(shards["train"]["prompts"])],
-        "classifiers": {},
-    }
-    write_json_atomic(out_dir / "manifest.json", manifest)
+        for name, manifest in shards.items():
+            write_json_atomic(out_dir / name / "manifest.json", manifest)
+        held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
+        manifest = {
+            "source": config.source,
+            "path": source_location(config),
+            "files_fingerprint": source_fingerprint(config, where=where),
+            "preprocess": config.preprocess.model_dump(mode="json"),
+            "counts": {name: writer.count for name, writer in writers.items()} | {"bad": bad.total},
+            "bad_items": bad.manifest(),
+            "shards": {name: m["shards"] for name, m in shards.items()},
+            "train_prompts": shards["train"]["prompts"],
+            "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in set(shards["train"]["prompts"])],
+            "classifiers": {},
+        }
+        write_json_atomic(out_dir / "manifest.json", manifest)
     log.info("acquired %s: %s", manifest["path"], manifest["counts"])
     return manifest
 
