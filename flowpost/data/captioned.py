@@ -100,23 +100,34 @@ def source_items(config: DatasetConfig, *, where: str) -> Iterator[SourceItem | 
     return folder_items(path, caption_column=captions, where=at)
 
 
-def captioned_split(config: DatasetConfig, *, where: str) -> CaptionedSplit:
-    """Every good item as a demonstration (or pair) in its split; a FlowpostError past ``max_bad_fraction``."""
-    split = CaptionedSplit([], [], BadItems())
+def captioned_records(config: DatasetConfig, bad: BadItems, *, where: str) -> Iterator[tuple[str, Record]]:
+    """Each good item's split (``train`` or ``eval``) and record, decoded one at a time as the items are
+    read; the bad ones are counted and named in ``bad`` (see ``check_captioned``)."""
     for item in source_items(config, where=where):
-        split.bad.seen += 1
+        bad.seen += 1
         try:
             record = _preference_pair(item, config) if isinstance(item, PairItem) else _demonstration(item, config)
-        except BadItem as bad:
-            split.bad.add(bad.kind, item.where, str(bad))
+        except BadItem as skipped:
+            bad.add(skipped.kind, item.where, str(skipped))
             continue
-        held = held_out(item.name, config.split.eval, seed=config.split_seed)
-        (split.eval if held else split.train).append(record)
-    split.bad.check(config.max_bad_fraction, where=f"{where}.max_bad_fraction")
-    if not split.train:
+        yield ("eval" if held_out(item.name, config.split.eval, seed=config.split_seed) else "train"), record
+
+
+def check_captioned(config: DatasetConfig, bad: BadItems, *, trained: int, where: str) -> None:
+    """Raise past ``max_bad_fraction`` of all the items read, or when the split left none to train on."""
+    bad.check(config.max_bad_fraction, where=f"{where}.max_bad_fraction")
+    if not trained:
         raise FlowpostError(
             f"split.eval {config.split.eval} holds out every good item; lower it", where=f"{where}.split"
         )
+
+
+def captioned_split(config: DatasetConfig, *, where: str) -> CaptionedSplit:
+    """Every good item as a demonstration (or pair) in its split; a FlowpostError past ``max_bad_fraction``."""
+    split = CaptionedSplit([], [], BadItems())
+    for name, record in captioned_records(config, split.bad, where=where):
+        split.splits()[name].append(record)
+    check_captioned(config, split.bad, trained=len(split.train), where=where)
     return split
 
 

@@ -25,6 +25,7 @@ RERUN = "re-run acquisition"
 PAIR_ARMS = ("chosen", "rejected")
 PAIR_RECORD = "preference-pair"  # the manifest's "record" for shards of preference pairs
 Record = Demonstration | PreferencePair
+SHARD_SIZE = 2000  # records per shard unless a writer is told otherwise
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -61,50 +62,70 @@ def _write_tar(path: Path, samples: list[dict[str, Any]]) -> None:
         writer.close()
 
 
+class ShardWriter:
+    """Records (all demonstrations or all preference pairs) added one at a time, written as
+    ``{name}-000000.tar``, ... under ``out_dir`` every ``shard_size``: at most one shard is held in memory."""
+
+    def __init__(self, out_dir: Path, *, shard_size: int = SHARD_SIZE, name: str = "shard") -> None:
+        if shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+        self.out_dir, self.shard_size, self.name = Path(out_dir), shard_size, name
+        self.shards: list[dict[str, Any]] = []
+        self.labels: dict[str, Any] = {}
+        self.image_shape: list[int] | None = None
+        self.kinds: set[type] = set()
+        self.pending: list[dict[str, Any]] = []
+
+    @property
+    def count(self) -> int:
+        """The records added so far."""
+        return sum(shard["count"] for shard in self.shards) + len(self.pending)
+
+    def add(self, record: Record) -> None:
+        self.kinds.add(type(record))
+        if len(self.kinds) > 1:
+            raise ValueError(f"record {record.key!r}: one shard set holds demonstrations or pairs, not both")
+        shape = list((record.chosen if isinstance(record, PreferencePair) else record.image).shape)
+        if self.image_shape is None:
+            self.image_shape = shape
+        elif shape != self.image_shape:
+            raise ValueError(f"record {record.key!r} has shape {shape}, expected {self.image_shape}")
+        self.labels.setdefault(record.prompt, record.label)
+        self.pending.append(_encode(record))
+        if len(self.pending) == self.shard_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        path = self.out_dir / f"{self.name}-{len(self.shards):06d}.tar"
+        _write_tar(path, self.pending)
+        self.shards.append({"file": path.name, "count": len(self.pending), "sha256": sha256_file(path)})
+        self.pending.clear()
+
+    def close(self) -> dict[str, Any]:
+        """Write the last, partly filled shard and return the manifest."""
+        if self.pending:
+            self._flush()
+        prompts = sorted(self.labels)
+        return {
+            "count": self.count,
+            "shards": self.shards,
+            "prompts": prompts,
+            "labels": {prompt: self.labels[prompt] for prompt in prompts},  # the prompt pool, without the images
+            "image_shape": self.image_shape,
+            **({"record": PAIR_RECORD} if PreferencePair in self.kinds else {}),
+        }
+
+
 def write_shards(
-    records: Iterable[Record], out_dir: Path, *, shard_size: int = 2000, name: str = "shard"
+    records: Iterable[Record], out_dir: Path, *, shard_size: int = SHARD_SIZE, name: str = "shard"
 ) -> dict[str, Any]:
     """Write ``records`` (all demonstrations or all preference pairs) as ``{name}-000000.tar``, ...
     under ``out_dir`` and return the manifest."""
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, Any]] = []
-    labels: dict[str, Any] = {}
-    image_shape: list[int] | None = None
-    pending: list[dict[str, Any]] = []
-    kinds: set[type] = set()
-
-    def flush() -> None:
-        path = out_dir / f"{name}-{len(shards):06d}.tar"
-        _write_tar(path, pending)
-        shards.append({"file": path.name, "count": len(pending), "sha256": sha256_file(path)})
-        pending.clear()
-
+    writer = ShardWriter(out_dir, shard_size=shard_size, name=name)
+    writer.out_dir.mkdir(parents=True, exist_ok=True)
     for record in records:
-        kinds.add(type(record))
-        if len(kinds) > 1:
-            raise ValueError(f"record {record.key!r}: one shard set holds demonstrations or pairs, not both")
-        shape = list((record.chosen if isinstance(record, PreferencePair) else record.image).shape)
-        if image_shape is None:
-            image_shape = shape
-        elif shape != image_shape:
-            raise ValueError(f"record {record.key!r} has shape {shape}, expected {image_shape}")
-        labels.setdefault(record.prompt, record.label)
-        pending.append(_encode(record))
-        if len(pending) == shard_size:
-            flush()
-    if pending:
-        flush()
-    return {
-        "count": sum(shard["count"] for shard in shards),
-        "shards": shards,
-        "prompts": sorted(labels),
-        "labels": {prompt: labels[prompt] for prompt in sorted(labels)},  # the prompt pool, without the images
-        "image_shape": image_shape,
-        **({"record": PAIR_RECORD} if PreferencePair in kinds else {}),
-    }
+        writer.add(record)
+    return writer.close()
 
 
 def _read_tar(path: Path) -> Iterator[Record]:

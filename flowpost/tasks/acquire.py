@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,8 @@ from flowpost.core.evaluation.classifier import (
 )
 from flowpost.core.io import sha256_file, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
-from flowpost.data.captioned import captioned_split, source_fingerprint, source_location
+from flowpost.data.bad_items import BadItems
+from flowpost.data.captioned import captioned_records, check_captioned, source_fingerprint, source_location
 from flowpost.data.digits import (
     EVAL_TEMPLATES,
     TRAIN_TEMPLATES,
@@ -26,8 +30,9 @@ from flowpost.data.digits import (
     demonstrations,
     load_digits_split,
 )
+from flowpost.data.item_progress import item_progress
 from flowpost.data.prompt_files import prompt_files_fingerprint, read_prompt_files
-from flowpost.data.shards import write_shards
+from flowpost.data.shards import SHARD_SIZE, ShardWriter, write_shards
 from flowpost.data.stage_inputs import PROMPTS_FILE
 
 log = get_logger(__name__)
@@ -65,29 +70,54 @@ def acquire_prompt_files(config: DatasetConfig, out_dir: Path, *, where: str) ->
     return manifest
 
 
-def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str) -> dict[str, Any]:
+def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_size: int = SHARD_SIZE) -> dict[str, Any]:
     """Write ``train/`` (and ``eval/``, the held-out split) shards of the good items and ``manifest.json``,
-    which counts the bad ones per kind."""
-    split = captioned_split(config, where=where)
-    shards = {name: write_shards(records, out_dir / name) for name, records in split.splits().items() if records}
-    for name, manifest in shards.items():
-        write_json_atomic(out_dir / name / "manifest.json", manifest)
-    held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
-    manifest = {
-        "source": config.source,
-        "path": source_location(config),
-        "files_fingerprint": source_fingerprint(config, where=where),
-        "preprocess": config.preprocess.model_dump(mode="json"),
-        "counts": {"train": len(split.train), "eval": len(split.eval), "bad": split.bad.total},
-        "bad_items": split.bad.manifest(),
-        "shards": {name: m["shards"] for name, m in shards.items()},
-        "train_prompts": shards["train"]["prompts"],
-        "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in set(shards["train"]["prompts"])],
-        "classifiers": {},
-    }
-    write_json_atomic(out_dir / "manifest.json", manifest)
+    which counts the bad ones per kind.
+
+    Items are decoded one at a time straight into their split's shards, so memory holds one shard per
+    split, not the source; ``manifest.json`` is written only once every item was read and the bad ones
+    stayed within ``max_bad_fraction``; a failure removes the shards written so far.
+    """
+    bad = BadItems()
+    writers = {name: ShardWriter(out_dir / name, shard_size=shard_size) for name in ("train", "eval")}
+    with _removed_on_failure(out_dir, list(writers)):
+        records = captioned_records(config, bad, where=where)
+        for name, record in item_progress(records, desc=f"acquire {source_location(config)}"):
+            writers[name].add(record)
+        check_captioned(config, bad, trained=writers["train"].count, where=where)
+        shards = {name: writer.close() for name, writer in writers.items() if writer.count}
+        for name, manifest in shards.items():
+            write_json_atomic(out_dir / name / "manifest.json", manifest)
+        held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
+        manifest = {
+            "source": config.source,
+            "path": source_location(config),
+            "files_fingerprint": source_fingerprint(config, where=where),
+            "preprocess": config.preprocess.model_dump(mode="json"),
+            "counts": {name: writer.count for name, writer in writers.items()} | {"bad": bad.total},
+            "bad_items": bad.manifest(),
+            "shards": {name: m["shards"] for name, m in shards.items()},
+            "train_prompts": shards["train"]["prompts"],
+            "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in set(shards["train"]["prompts"])],
+            "classifiers": {},
+        }
+        write_json_atomic(out_dir / "manifest.json", manifest)
     log.info("acquired %s: %s", manifest["path"], manifest["counts"])
     return manifest
+
+
+@contextmanager
+def _removed_on_failure(out_dir: Path, parts: list[str]) -> Iterator[None]:
+    """Remove ``out_dir``'s ``parts`` (and ``out_dir`` itself when it did not exist) if the body raises."""
+    existed = out_dir.exists()
+    try:
+        yield
+    except BaseException:
+        for part in parts:
+            shutil.rmtree(out_dir / part, ignore_errors=True)
+        if not existed:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def acquire_digits(config: DatasetConfig, out_dir: Path, *, smoke: bool = False) -> dict[str, Any]:
