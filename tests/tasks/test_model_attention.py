@@ -7,31 +7,15 @@ from typing import Any
 
 import pytest
 import torch
+from pretrained_stage import sft_adapter, with_model
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.models.attention import known_attention_backends, set_attention
-from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
-from flowpost.stage import build_adapter
 from flowpost.tasks.runner import PipelineRun
 
 PROMPTS = ["a red cat", "a blue dog on a car"]
-
-
-def _config(tiny_pipeline, model: dict[str, Any]) -> dict[str, Any]:
-    config = tiny_pipeline()
-    config["stages"]["sft"]["model"] = model
-    if "pretrained" in model:
-        encoders = {"family": model["family"], "pretrained": model["pretrained"]}
-        config["conditions"]["own"] = {"model": encoders, "datasets": ["digits"]}
-        config["stages"]["sft"]["data"]["conditions"] = "own"
-    return config
-
-
-def _build(config: dict[str, Any], tmp_path: Path) -> Any:
-    stage = validate_pipeline(config).stages["sft"]
-    return build_adapter(stage, StageSpec(stage="sft", seed=0, config={}, output_dir=str(tmp_path)))
 
 
 def _flux(folder: Path, attention: str) -> dict[str, Any]:
@@ -62,7 +46,7 @@ def _backends(adapter: Any) -> set[Any]:
 def test_sdpa_gives_the_output_of_the_native_default(tiny_pipeline, flux1_pipeline_dir: Path, tmp_path: Path) -> None:
     default = load_flux1_adapter(flux1_pipeline_dir)
     assert _backends(default) == {None}
-    sdpa = _build(_config(tiny_pipeline, _flux(flux1_pipeline_dir, "sdpa")), tmp_path)
+    sdpa = sft_adapter(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, "sdpa")), tmp_path)
     assert {str(backend.value) for backend in _backends(sdpa)} == {"native"}
     state = _state(default)
     assert torch.equal(_velocity(sdpa, state), _velocity(default, state))
@@ -82,22 +66,24 @@ def test_another_installed_backend_is_set_on_every_processor(
 ) -> None:
     plain = load_flux1_adapter(flux1_pipeline_dir)
     state = _state(plain)
-    math = _build(_config(tiny_pipeline, _flux(flux1_pipeline_dir, "_native_math")), tmp_path)
+    math = sft_adapter(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, "_native_math")), tmp_path)
     assert {str(backend.value) for backend in _backends(math)} == {"_native_math"}
     torch.testing.assert_close(_velocity(math, state), _velocity(plain, state), rtol=0, atol=1e-6)
 
 
 def test_the_default_stays_out_of_the_stage_config(tiny_pipeline, flux1_pipeline_dir, tmp_path: Path) -> None:
-    inputs = PipelineRun(validate_pipeline(_config(tiny_pipeline, _flux(flux1_pipeline_dir, "sdpa"))), tmp_path).inputs
+    inputs = PipelineRun(
+        validate_pipeline(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, "sdpa"))), tmp_path
+    ).inputs
     assert "attention" not in inputs["train.sft"]["config"]["model"]
-    flash = validate_pipeline(_config(tiny_pipeline, _flux(flux1_pipeline_dir, "flash")))
+    flash = validate_pipeline(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, "flash")))
     assert PipelineRun(flash, tmp_path).inputs["train.sft"]["config"]["model"]["attention"] == "flash"
 
 
 def test_an_unknown_backend_is_rejected_naming_its_path_and_the_known_ones(tiny_pipeline, flux1_pipeline_dir) -> None:
     assert {"sdpa", "flash", "sage", "xformers", "flex"} <= set(known_attention_backends())
     with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.attention.*unknown attention backend 'fast'.*sdpa"):
-        validate_pipeline(_config(tiny_pipeline, _flux(flux1_pipeline_dir, "fast")))
+        validate_pipeline(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, "fast")))
 
 
 @pytest.mark.parametrize(("backend", "package"), [("flash", "flash-attn"), ("sage", "sageattention")])
@@ -105,13 +91,14 @@ def test_a_backend_whose_package_is_missing_says_what_to_install(
     tiny_pipeline, flux1_pipeline_dir: Path, tmp_path: Path, backend: str, package: str
 ) -> None:
     with pytest.raises(FlowpostError, match=rf"stages\.sft\.model\.attention: .*{backend!r} is not usable.*{package}"):
-        _build(_config(tiny_pipeline, _flux(flux1_pipeline_dir, backend)), tmp_path)
+        sft_adapter(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, backend)), tmp_path)
 
 
 def test_sd3_keeps_its_processors_with_sdpa(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
     model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "attention": "sdpa"}
     processors = {
-        type(p).__name__ for p in _build(_config(tiny_pipeline, model), tmp_path).module().attn_processors.values()
+        type(p).__name__
+        for p in sft_adapter(with_model(tiny_pipeline, model), tmp_path).module().attn_processors.values()
     }
     assert processors == {"JointAttnProcessor2_0"}
 
@@ -122,8 +109,8 @@ def test_tiny_sd3_joint_attention_dispatches_with_the_stock_output(
     from flowpost.core.models.text_state import TextState
 
     model = tiny_pipeline()["stages"]["sft"]["model"]
-    plain = _build(tiny_pipeline(), tmp_path)
-    dispatched = _build(_config(tiny_pipeline, {**model, "attention": "_native_math"}), tmp_path)
+    plain = sft_adapter(tiny_pipeline(), tmp_path)
+    dispatched = sft_adapter(with_model(tiny_pipeline, {**model, "attention": "_native_math"}), tmp_path)
     assert {type(p).__name__ for p in dispatched.module().attn_processors.values()} == {"DispatchedJointAttention"}
     generator = torch.Generator().manual_seed(0)
     state = TextState(torch.randn(2, 5, 384, generator=generator), torch.randn(2, 384, generator=generator))
@@ -146,7 +133,7 @@ def test_sd3_joint_attention_dispatches_to_another_backend_with_the_stock_output
     state = _state(plain)
     default = _velocity(plain, state)
     model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "attention": "_native_math"}
-    adapter = _build(_config(tiny_pipeline, model), tmp_path)
+    adapter = sft_adapter(with_model(tiny_pipeline, model), tmp_path)
     processors = adapter.module().attn_processors.values()
     assert {type(p).__name__ for p in processors} == {"DispatchedJointAttention"}
     assert {str(backend.value) for backend in _backends(adapter)} == {"_native_math"}

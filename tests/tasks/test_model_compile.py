@@ -7,31 +7,15 @@ from typing import Any
 
 import pytest
 import torch
+from pretrained_stage import sft_adapter, with_model
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.models.compile import is_compiled
-from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
-from flowpost.stage import build_adapter
 from flowpost.tasks.runner import PipelineRun
 
 PROMPTS = ["a red cat", "a blue dog on a car"]
-
-
-def _config(tiny_pipeline, model: dict[str, Any]) -> dict[str, Any]:
-    config = tiny_pipeline()
-    config["stages"]["sft"]["model"] = model
-    if "pretrained" in model:
-        encoders = {"family": model["family"], "pretrained": model["pretrained"]}
-        config["conditions"]["own"] = {"model": encoders, "datasets": ["digits"]}
-        config["stages"]["sft"]["data"]["conditions"] = "own"
-    return config
-
-
-def _build(config: dict[str, Any], tmp_path: Path) -> Any:
-    stage = validate_pipeline(config).stages["sft"]
-    return build_adapter(stage, StageSpec(stage="sft", seed=0, config={}, output_dir=str(tmp_path)))
 
 
 def _flux(folder: Path, **model: Any) -> dict[str, Any]:
@@ -58,7 +42,9 @@ def test_regional_compile_wraps_each_repeated_block_in_place(
     tiny_pipeline, flux1_pipeline_dir: Path, tmp_path: Path
 ) -> None:
     plain = load_flux1_adapter(flux1_pipeline_dir)
-    network = _build(_config(tiny_pipeline, _flux(flux1_pipeline_dir, compile={"backend": "eager"})), tmp_path).module()
+    network = sft_adapter(
+        with_model(tiny_pipeline, _flux(flux1_pipeline_dir, compile={"backend": "eager"})), tmp_path
+    ).module()
     assert _compiled(network) == ["FluxSingleTransformerBlock", "FluxTransformerBlock"]
     assert not is_compiled(network)
     assert list(network.state_dict()) == list(plain.module().state_dict())  # compiled in place: same names
@@ -67,23 +53,23 @@ def test_regional_compile_wraps_each_repeated_block_in_place(
 @pytest.mark.slow
 def test_regionally_compiled_blocks_give_the_eager_output(tiny_pipeline, flux1_pipeline_dir, tmp_path) -> None:
     plain = load_flux1_adapter(flux1_pipeline_dir)
-    adapter = _build(_config(tiny_pipeline, _flux(flux1_pipeline_dir, compile={"backend": "eager"})), tmp_path)
+    adapter = sft_adapter(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, compile={"backend": "eager"})), tmp_path)
     assert torch.equal(_velocity(adapter), _velocity(plain))
 
 
 def test_regional_false_compiles_the_whole_network(tiny_pipeline, flux1_pipeline_dir: Path, tmp_path: Path) -> None:
     model = _flux(flux1_pipeline_dir, compile={"backend": "eager", "regional": False})
-    assert _compiled(_build(_config(tiny_pipeline, model), tmp_path).module()) == ["FluxTransformer2DModel"]
+    assert _compiled(sft_adapter(with_model(tiny_pipeline, model), tmp_path).module()) == ["FluxTransformer2DModel"]
 
 
 def test_sd3_without_declared_repeated_blocks_compiles_its_joint_blocks(tiny_pipeline, tmp_path: Path) -> None:
     model = _tiny(tiny_pipeline, compile={"backend": "eager"})
-    assert _compiled(_build(_config(tiny_pipeline, model), tmp_path).module()) == ["JointTransformerBlock"]
+    assert _compiled(sft_adapter(with_model(tiny_pipeline, model), tmp_path).module()) == ["JointTransformerBlock"]
 
 
 def test_role_copies_declared_later_are_compiled_too(tiny_pipeline, tmp_path: Path) -> None:
     model = _tiny(tiny_pipeline, compile={"backend": "eager"})
-    adapter = _build(_config(tiny_pipeline, model), tmp_path)
+    adapter = sft_adapter(with_model(tiny_pipeline, model), tmp_path)
     adapter.add_component_variants(["generator", "fake_score"])
     generator, fake = adapter.role_networks()
     assert generator is not fake
@@ -94,23 +80,23 @@ def test_compile_stays_out_of_the_stage_config_unless_set(tiny_pipeline, tmp_pat
     plain = PipelineRun(validate_pipeline(tiny_pipeline()), tmp_path).inputs["train.sft"]
     assert "compile" not in plain["config"]["model"]
     model = _tiny(tiny_pipeline, compile={"mode": "max-autotune"})
-    inputs = PipelineRun(validate_pipeline(_config(tiny_pipeline, model)), tmp_path).inputs["train.sft"]
+    inputs = PipelineRun(validate_pipeline(with_model(tiny_pipeline, model)), tmp_path).inputs["train.sft"]
     assert inputs["config"]["model"]["compile"]["mode"] == "max-autotune"
     assert inputs["config"]["model"]["compile"]["regional"] is True
 
 
 def test_a_bad_compile_mode_names_its_path(tiny_pipeline) -> None:
     with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.compile\.mode"):
-        validate_pipeline(_config(tiny_pipeline, _tiny(tiny_pipeline, compile={"mode": "fastest"})))
+        validate_pipeline(with_model(tiny_pipeline, _tiny(tiny_pipeline, compile={"mode": "fastest"})))
 
 
 @pytest.mark.slow
 def test_compiled_lora_blocks_give_the_eager_gradients(tiny_pipeline, flux1_pipeline_dir: Path, tmp_path) -> None:
     """Through dynamo and AOT autograd (``aot_eager``; inductor's C++ build takes minutes on a CPU)."""
     lora = {"rank": 2}
-    eager = _build(_config(tiny_pipeline, _flux(flux1_pipeline_dir, lora=lora)), tmp_path)
+    eager = sft_adapter(with_model(tiny_pipeline, _flux(flux1_pipeline_dir, lora=lora)), tmp_path)
     model = _flux(flux1_pipeline_dir, lora=lora, compile={"backend": "aot_eager"})
-    compiled = _build(_config(tiny_pipeline, model), tmp_path)
+    compiled = sft_adapter(with_model(tiny_pipeline, model), tmp_path)
     grads = []
     for adapter in (eager, compiled):
         for name, param in adapter.module().named_parameters():

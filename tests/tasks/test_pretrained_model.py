@@ -8,25 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pretrained_stage import sft_adapter, with_model
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.models.qwen_image import QwenImageAdapter
 from flowpost.core.models.sd3 import SD3Adapter
-from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
-from flowpost.stage import build_adapter
 from flowpost.tasks.runner import PRETRAINED, PipelineRun
-
-
-def _with_model(tiny_pipeline, model: dict[str, Any]) -> dict[str, Any]:
-    """The tiny pipeline training ``model``; a pretrained one reads a cache of its own family's encoders."""
-    config = tiny_pipeline()
-    config["stages"]["sft"]["model"] = model
-    if "pretrained" in model:
-        encoders = {"family": model["family"], "pretrained": model["pretrained"]}
-        config["conditions"]["own"] = {"model": encoders, "datasets": ["digits"]}
-        config["stages"]["sft"]["data"]["conditions"] = "own"
-    return config
 
 
 def _train_inputs(config: dict[str, Any], workspace: Path) -> dict[str, Any]:
@@ -42,7 +30,7 @@ def test_without_pretrained_the_stage_config_and_sources_are_as_before(tiny_pipe
 def test_the_pipeline_folders_files_enter_the_train_fingerprint(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
     folder = tmp_path / "weights"
     shutil.copytree(sd3_pipeline_dir, folder)
-    config = _with_model(tiny_pipeline, {"family": "sd3", "pretrained": str(folder), "torch_dtype": "float32"})
+    config = with_model(tiny_pipeline, {"family": "sd3", "pretrained": str(folder), "torch_dtype": "float32"})
     first = _train_inputs(config, tmp_path / "ws")
     assert first["config"]["model"]["pretrained"] == str(folder) and PRETRAINED in first["sources"]
     assert _train_inputs(config, tmp_path / "ws") == first
@@ -55,15 +43,15 @@ def test_a_component_folders_files_enter_the_train_fingerprint(tiny_pipeline, sd
     transformer = tmp_path / "tuned"
     shutil.copytree(sd3_pipeline_dir / "transformer", transformer)
     model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "components": {"transformer": str(transformer)}}
-    config = _with_model(tiny_pipeline, model)
+    config = with_model(tiny_pipeline, model)
     first = _train_inputs(config, tmp_path / "ws")
     assert first["config"]["model"]["components"] == {"transformer": str(transformer)}
-    plain = _train_inputs(_with_model(tiny_pipeline, {**model, "components": None}), tmp_path / "ws")
+    plain = _train_inputs(with_model(tiny_pipeline, {**model, "components": None}), tmp_path / "ws")
     assert "components" not in plain["config"]["model"] and plain["sources"][PRETRAINED] != first["sources"][PRETRAINED]
     config_file = transformer / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "qk_norm": None}))
     assert _train_inputs(config, tmp_path / "ws")["sources"][PRETRAINED] != first["sources"][PRETRAINED]
-    adapter = _build(config, tmp_path)  # without qk_norm: the replacing folder's own config
+    adapter = sft_adapter(config, tmp_path)  # without qk_norm: the replacing folder's own config
     assert isinstance(adapter, SD3Adapter) and adapter.source.components == {"transformer": str(transformer)}
     assert adapter.module().config.qk_norm is None
 
@@ -73,41 +61,36 @@ def test_a_component_folders_files_enter_the_train_fingerprint(tiny_pipeline, sd
 )
 def test_pretrained_options_without_pretrained_are_rejected(tiny_pipeline, option: str, value: Any) -> None:
     with pytest.raises(FlowpostError, match=rf"stages\.sft\.model.*{option}"):
-        validate_pipeline(_with_model(tiny_pipeline, {"family": "sd3", option: value}))
-
-
-def _build(config: dict[str, Any], tmp_path: Path) -> Any:
-    stage = validate_pipeline(config).stages["sft"]
-    return build_adapter(stage, StageSpec(stage="sft", seed=0, config={}, output_dir=str(tmp_path)))
+        validate_pipeline(with_model(tiny_pipeline, {"family": "sd3", option: value}))
 
 
 def test_a_stage_builds_the_sd3_adapter_from_its_pipeline(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
     model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "lora": {"rank": 2}}
-    adapter = _build(_with_model(tiny_pipeline, model), tmp_path)
+    adapter = sft_adapter(with_model(tiny_pipeline, model), tmp_path)
     assert isinstance(adapter, SD3Adapter) and adapter.lora is not None and adapter.shift == 3.0
 
 
 def test_a_stage_builds_the_qwen_image_adapter_at_its_resolution(tiny_pipeline, qwen_image_pipeline_dir, tmp_path):
     model = {"family": "qwen-image", "pretrained": str(qwen_image_pipeline_dir), "options": {"resolution": 32}}
-    config = _with_model(tiny_pipeline, model)
+    config = with_model(tiny_pipeline, model)
     assert _train_inputs(config, tmp_path / "ws")["config"]["model"]["options"] == {"resolution": 32}
-    adapter = _build(config, tmp_path)
+    adapter = sft_adapter(config, tmp_path)
     assert isinstance(adapter, QwenImageAdapter) and adapter.resolution == 32 and adapter.latent_shape == (64, 64)
 
 
 def test_a_family_sized_by_its_transformer_rejects_resolution(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
     model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "options": {"resolution": 32}}
     with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.options: family 'sd3' has no option resolution"):
-        _build(_with_model(tiny_pipeline, model), tmp_path)
+        sft_adapter(with_model(tiny_pipeline, model), tmp_path)
 
 
 @pytest.mark.parametrize("resolution", [40, 0, "512"])
 def test_a_bad_resolution_names_its_option_path(tiny_pipeline, qwen_image_pipeline_dir, tmp_path, resolution) -> None:
     model = {"family": "qwen-image", "pretrained": str(qwen_image_pipeline_dir), "options": {"resolution": resolution}}
     with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.options\.resolution: resolution .* multiple of 16"):
-        _build(_with_model(tiny_pipeline, model), tmp_path)
+        sft_adapter(with_model(tiny_pipeline, model), tmp_path)
 
 
 def test_a_family_without_pipelines_rejects_pretrained(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
     with pytest.raises(FlowpostError, match="model.pretrained"):
-        _build(_with_model(tiny_pipeline, {"family": "tiny-sd3", "pretrained": str(sd3_pipeline_dir)}), tmp_path)
+        sft_adapter(with_model(tiny_pipeline, {"family": "tiny-sd3", "pretrained": str(sd3_pipeline_dir)}), tmp_path)
