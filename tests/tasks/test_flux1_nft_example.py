@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pretrained_stage import shrunk_example
 from tiny_flux1_pipeline import RESOLUTION
 from tiny_sd3_pipeline import CORPUS, T5_LENGTH
 
@@ -30,19 +31,12 @@ def test_the_example_runs_on_a_tiny_flux1_folder(flux1_pipeline_dir: Path, tmp_p
     config = yaml.safe_load(EXAMPLE.read_text())
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(CORPUS[:4]) + "\n")
-    config["smoke"] = True
-    config["datasets"]["prompts"]["path"] = str(prompts)
-    config["conditions"]["flux"].update(max_length=T5_LENGTH)
-    config["conditions"]["flux"]["model"]["pretrained"] = str(flux1_pipeline_dir)
-    stage = config["stages"]["nft"]
-    model = {"pretrained": str(flux1_pipeline_dir), "torch_dtype": "float32"}
-    stage["model"].update(
-        model, lora={"rank": 4, "alpha": 8}, options={**stage["model"]["options"], "resolution": RESOLUTION}
+    shrunk_example(
+        config, flux1_pipeline_dir, prompts, conditions="flux", stage="nft", max_length=T5_LENGTH, resolution=RESOLUTION
     )
-    stage["rewards"] = [{"name": "jpeg_incompressibility"}]  # PickScore needs its checkpoint
+    stage = config["stages"]["nft"]
     stage["sampling"].update(steps=3)
     stage["train"].update(TINY_TRAIN, checkpoint_every=0)
-    stage["launch"] = {"mixed_precision": "no"}
     pipeline = validate_pipeline(config)
     [memory] = stage_memory(pipeline)
     assert memory.fine_tune == "LoRA r4" and memory.estimate is not None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pretrained_stage import shrunk_example
 from tiny_qwen_image_pipeline import MAX_LENGTH, RESOLUTION
 from tiny_sd3_pipeline import CORPUS
 
@@ -30,19 +31,18 @@ def test_the_example_runs_on_a_tiny_qwen_image_folder(qwen_image_pipeline_dir: P
     config = yaml.safe_load(EXAMPLE.read_text())
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(CORPUS[:4]) + "\n")
-    config["smoke"] = True
-    config["datasets"]["prompts"]["path"] = str(prompts)
-    config["conditions"]["qwen"].update(max_length=MAX_LENGTH)
-    config["conditions"]["qwen"]["model"]["pretrained"] = str(qwen_image_pipeline_dir)
-    stage = config["stages"]["awm"]
-    model = {"pretrained": str(qwen_image_pipeline_dir), "torch_dtype": "float32"}
-    stage["model"].update(
-        model, lora={"rank": 4, "alpha": 8}, options={**stage["model"]["options"], "resolution": RESOLUTION}
+    shrunk_example(
+        config,
+        qwen_image_pipeline_dir,
+        prompts,
+        conditions="qwen",
+        stage="awm",
+        max_length=MAX_LENGTH,
+        resolution=RESOLUTION,
     )
-    stage["rewards"] = [{"name": "jpeg_incompressibility"}]  # PickScore needs its checkpoint
+    stage = config["stages"]["awm"]
     stage["sampling"].update(steps=4)
     stage["train"].update(TINY_TRAIN, checkpoint_every=0)
-    stage["launch"] = {"mixed_precision": "no"}
     run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
     results = {node: run.execute(node) for node in run.nodes}
     assert results["train.awm"].outputs["step"] >= 1
