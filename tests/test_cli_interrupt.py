@@ -16,6 +16,7 @@ import yaml
 from flowpost.core.events import read_events
 
 STOP_SECONDS = 20  # the stage checkpoints at its next step; the temporary server gets 5 s
+KILL_AFTER_SECONDS = 10  # a rank that does not stop on SIGTERM is killed this long after it
 
 
 def _start(tmp_path: Path, pipeline: Path) -> subprocess.Popen[str]:
@@ -60,9 +61,11 @@ def _listening(processes: list[psutil.Process]) -> set[int]:
     return ports
 
 
-def _stopped(run: subprocess.Popen[str], processes: list[psutil.Process], ports: set[int]) -> tuple[int, float, str]:
+def _stopped(
+    run: subprocess.Popen[str], processes: list[psutil.Process], ports: set[int], *, within: float = STOP_SECONDS
+) -> tuple[int, float, str]:
     started = time.monotonic()
-    output = run.communicate(timeout=STOP_SECONDS)[0]
+    output = run.communicate(timeout=within)[0]
     seconds = time.monotonic() - started
     assert not [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], output
     still = {c.laddr.port for c in psutil.net_connections() if c.status == psutil.CONN_LISTEN}
@@ -100,3 +103,35 @@ def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path, 
     code, seconds, output = _stopped(again, processes, ports)
     assert code == 143, output
     print(f"SIGTERM: stopped in {seconds:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_rank_that_ignores_sigterm_is_killed_and_its_last_checkpoint_resumes(tmp_path: Path, tiny_pipeline) -> None:
+    config = tiny_pipeline(max_steps=100_000, checkpoint_every=5)
+    config["smoke"] = False
+    pipeline = tmp_path / "long.yaml"
+    pipeline.write_text(yaml.safe_dump(config))
+
+    run = _start(tmp_path, pipeline)
+    events, processes = _training(tmp_path, run, checkpointed=True)
+    ranks = [p for p in processes if "flowpost.stage" in " ".join(p.cmdline())]
+    assert ranks, [p.cmdline() for p in processes]
+    for rank in ranks:  # stopped: its SIGTERM stays pending, as for a rank stuck in a native call
+        rank.suspend()
+    ports = _listening(processes)
+    run.send_signal(signal.SIGTERM)
+    code, seconds, output = _stopped(run, processes, ports, within=STOP_SECONDS + KILL_AFTER_SECONDS)
+    assert code == 143, output
+    assert seconds >= KILL_AFTER_SECONDS, f"the stopped rank cannot have ended on SIGTERM after {seconds:.1f} s"
+    assert all(not r.is_running() or r.status() == psutil.STATUS_ZOMBIE for r in ranks)
+    print(f"stuck rank: killed, run stopped in {seconds:.1f} s")
+
+    checkpoints = [e["optimizer_step"] for e in read_events(events) if e["event"] == "checkpoint"]
+    again = _start(tmp_path, pipeline)
+    _, processes = _training(tmp_path, again, checkpointed=False, seen=len(read_events(events)))
+    start = [e for e in read_events(events) if e["event"] == "start"][-1]
+    # the last checkpoint recorded (or one saved just before the rank stopped, its event unwritten)
+    assert start["resumed_from"] is not None and start["step"] >= checkpoints[-1] and start["step"] % 5 == 0
+    again.send_signal(signal.SIGTERM)
+    code, _, output = _stopped(again, processes, _listening(processes))
+    assert code == 143, output

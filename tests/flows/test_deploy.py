@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -116,3 +118,80 @@ def _wait_for_final_state(flow_run_id, timeout: float):  # noqa: ANN001, ANN202
                 return state
             assert time.monotonic() < deadline, f"flow run still {state} after {timeout} s"
             time.sleep(1.0)
+
+
+def _training_events(workspace: Path, *, after: int, deadline: float) -> Path:
+    """The events file of ``train.sft`` once it has a checkpoint event after its first ``after`` events."""
+    from flowpost.core.events import read_events
+
+    while True:
+        assert time.monotonic() < deadline, "train.sft did not checkpoint"
+        found = list((workspace / "train.sft").glob("*/events.jsonl"))
+        if found and "checkpoint" in [e["event"] for e in read_events(found[0])[after:]]:
+            return found[0]
+        time.sleep(0.5)
+
+
+def _gone(processes: list[psutil.Process], within: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running (not zombies) after ``within`` seconds at most."""
+    _, alive = psutil.wait_procs(processes, timeout=within)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_cancelling_or_interrupting_a_deployed_run_stops_its_stage_which_then_resumes(
+    prefect_harness, tiny_pipeline, tmp_path: Path
+) -> None:
+    from prefect.deployments import run_deployment
+
+    from flowpost.core.events import read_events
+    from flowpost.flows.retrain import deploy_pipeline
+    from flowpost.tasks.workspace_lock import workspace_lock
+
+    config = tiny_pipeline(max_steps=100_000, checkpoint_every=5)
+    config["smoke"] = False
+    workspace = tmp_path / "ws"
+    deployment = deploy_pipeline(
+        _pipeline_file(tmp_path, config), [], workspace, pool="signal-pool", cron=None, name="signals"
+    )
+    worker = subprocess.Popen(
+        [PREFECT, "worker", "start", "--pool", "signal-pool"],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        # cancelled in Prefect (what the UI's Cancel does): the worker sends the flow run SIGTERM
+        cancelled = run_deployment(deployment, timeout=0)
+        events = _training_events(workspace, after=0, deadline=time.monotonic() + 300)
+        processes = psutil.Process(worker.pid).children(recursive=True)
+        ranks = [p for p in processes if "flowpost.stage" in " ".join(p.cmdline())]
+        assert ranks, [p.cmdline() for p in processes]
+        done = subprocess.run([PREFECT, "flow-run", "cancel", str(cancelled.id)], env=_env(), capture_output=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not _gone(ranks, within=60), "the stage's ranks outlived the cancelled flow run"
+        state = _wait_for_final_state(cancelled.id, timeout=60.0)
+        assert state.is_cancelled(), state
+        stopped = read_events(events)
+        assert stopped[-1]["event"] == "checkpoint", stopped[-1]  # stopped at a step, not killed
+        with workspace_lock(workspace, "test"):  # the lock went with the flow run
+            pass
+
+        # SIGINT straight to the flow run's process (a Ctrl-C where it runs in the foreground)
+        interrupted = run_deployment(deployment, timeout=0)
+        _training_events(workspace, after=len(stopped), deadline=time.monotonic() + 300)
+        start = [e for e in read_events(events) if e["event"] == "start"][-1]
+        assert start["resumed_from"] is not None and start["step"] == stopped[-1]["optimizer_step"], start
+        processes = psutil.Process(worker.pid).children(recursive=True)
+        ranks = [p for p in processes if "flowpost.stage" in " ".join(p.cmdline())]
+        flow_process = next(r.parent() for r in ranks)
+        flow_process.send_signal(signal.SIGINT)
+        assert not _gone([flow_process, *ranks], within=30), "the interrupted flow run or its stage is still running"
+        assert read_events(events)[-1]["event"] == "checkpoint"
+        state = _wait_for_final_state(interrupted.id, timeout=60.0)
+        assert not state.is_completed(), state
+        print(f"cancelled: {cancelled.id}; interrupted: {state.type.value}")
+    finally:
+        worker.terminate()
+        worker.communicate(timeout=60)
