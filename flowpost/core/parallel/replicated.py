@@ -15,6 +15,23 @@ from flowpost.core.distributed import average_gradients, broadcast_module, is_di
 from flowpost.core.models.base import ModelAdapter
 
 
+class SteppedOptimizer:
+    """A torch optimizer as the trainer steps and zeroes it; ``.optimizer`` is the optimizer itself.
+
+    Not accelerate's wrapper: flowpost accumulates, averages and checks gradients itself and refuses
+    fp16 loss scaling, so the wrapper would only add its per-step checks.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
 class Replicated:
     """Every rank holds the whole model; one flat all-reduce averages the gradients per step."""
 
@@ -28,7 +45,7 @@ class Replicated:
 
     def prepare_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer, accelerator: Any) -> Any:
         """What the trainer steps and zeroes (``.optimizer`` is ``optimizer``)."""
-        return accelerator.prepare_optimizer(optimizer)
+        return SteppedOptimizer(optimizer)
 
     def backward(self, loss: torch.Tensor, accelerator: Any) -> None:
         accelerator.backward(loss)
