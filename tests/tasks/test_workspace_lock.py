@@ -19,8 +19,9 @@ from flowpost.errors import FlowpostError
 from flowpost.tasks.workspace_lock import LOCK_FILE, workspace_lock
 
 HOLD = """
-import sys, time
+import signal, sys, time
 from flowpost.tasks.workspace_lock import workspace_lock
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored (a background job)
 with workspace_lock(sys.argv[1], "flowpost run"):
     print("held", flush=True)
     time.sleep(120)

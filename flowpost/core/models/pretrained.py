@@ -14,6 +14,7 @@ from flowpost.core.io import read_json, sha256_file
 from flowpost.errors import FlowpostError
 
 CONFIG_FILES = ("config.json", "scheduler_config.json")  # where a component folder names its class
+COMPONENT_LIBRARIES = ("diffusers", "transformers")  # the only modules a model_index.json may name
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,13 @@ class PretrainedSource:
         parts = {}
         for name in sorted(set(self.components) - set(skip)):
             library, class_name = index[name]
-            loader = getattr(importlib.import_module(library), class_name)
+            loader = getattr(importlib.import_module(library), class_name, None)
+            if not isinstance(loader, type):
+                raise FlowpostError(
+                    f"model_index.json names {library}.{class_name} for component {name!r}, which {library} "
+                    "does not have; fix the folder's model_index.json or upgrade the library",
+                    where=self.path,
+                )
             parts[name] = self.load(name, loader, weights=issubclass(loader, torch.nn.Module))
         return parts
 
@@ -127,11 +134,20 @@ class PretrainedSource:
             index = DiffusionPipeline.load_config(self.path, revision=self.revision)
         except (OSError, ValueError) as error:
             raise FlowpostError(f"cannot read the pipeline's model_index.json: {error}", where=self.path) from error
-        return {
+        components = {
             name: (entry[0], entry[1])
             for name, entry in index.items()
             if isinstance(entry, list) and entry[0] is not None
         }
+        for name, (library, class_name) in components.items():
+            if library not in COMPONENT_LIBRARIES:
+                raise FlowpostError(
+                    f"model_index.json names {library}.{class_name} for component {name!r}; components load only "
+                    f"from {' or '.join(COMPONENT_LIBRARIES)}, and no other module is imported: fix the folder's "
+                    "model_index.json",
+                    where=self.path,
+                )
+        return components
 
     def fingerprint(self) -> str:
         """Identifies the weights: every file of a local folder by name and SHA-256 (``model_index.json``

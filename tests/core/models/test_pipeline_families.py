@@ -120,3 +120,31 @@ def test_a_missing_or_mismatched_component_folder_names_it_and_the_folder(load: 
     assert str(folder / "vae") in str(mismatched.value) and "model.components.transformer" in str(mismatched.value)
     with pytest.raises(FlowpostError, match=r"model\.components names 'transfomer'.*its components: .*transformer"):
         load(components={"transfomer": str(folder / "transformer")})
+
+
+def test_a_model_index_naming_another_module_is_refused_without_importing_it(
+    sd3_pipeline_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    folder = tmp_path / "pipeline"
+    shutil.copytree(sd3_pipeline_dir, folder)
+    marker = tmp_path / "imported"
+    (tmp_path / "planted.py").write_text(f"open({str(marker)!r}, 'w').close()\nAutoencoderKL = object\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    index_path = folder / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index["vae"] = ["planted", "AutoencoderKL"]
+    index_path.write_text(json.dumps(index))
+    refused = r"names planted\.AutoencoderKL for component 'vae'; components load only from diffusers or transformers"
+    with pytest.raises(FlowpostError, match=refused):  # a component replaced: checked as it loads
+        load_sd3_adapter(folder, components={"vae": str(sd3_pipeline_dir / "vae")})
+    with pytest.raises(FlowpostError, match=refused):  # none replaced: checked before the export loads the rest
+        load_sd3_adapter(folder).save_pipeline(tmp_path / "export")
+    assert not marker.exists() and not (tmp_path / "export").exists()
+
+    index["vae"] = ["diffusers", "AutoencoderKLNowhere"]
+    index_path.write_text(json.dumps(index))
+    replaced = load_sd3_adapter(folder, components={"vae": str(sd3_pipeline_dir / "vae")})
+    with pytest.raises(FlowpostError, match=r"diffusers\.AutoencoderKLNowhere .*which diffusers does not have"):
+        replaced.save_pipeline(tmp_path / "export")

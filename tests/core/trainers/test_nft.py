@@ -113,7 +113,7 @@ def test_an_nft_stage_trains_and_refreshes_the_old_policy_by_its_decay(make_trai
     snapshots = trainer.adapter.snapshots
     assert {"old", "ref"} <= set(snapshots.names())
     assert all(torch.equal(snapshots.state_dict("old")[k], v) for k, v in trainable.items())
-    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    optimized = {id(p) for group in trainer.optimizer.optimizer.param_groups for p in group["params"]}
     assert not any(id(t) in optimized or t.requires_grad for t in snapshots.state_dict("old").values())
 
     progress = trainer.start()
