@@ -43,8 +43,9 @@ VAE: dict[str, Any] = {
 }
 
 
-def clip_tokenizer() -> Any:
-    """A byte-level BPE trained on ``CORPUS`` with CLIP's pre-tokenization, as a ``CLIPTokenizer``."""
+def clip_tokenizer(max_length: int = CLIP_LENGTH) -> Any:
+    """A byte-level BPE trained on ``CORPUS`` with CLIP's pre-tokenization, as a ``CLIPTokenizer`` padding
+    to ``max_length`` tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import CLIPTokenizer
 
@@ -60,7 +61,7 @@ def clip_tokenizer() -> Any:
     bpe.train_from_iterator(CORPUS, trainer)
     model = json.loads(bpe.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return CLIPTokenizer(vocab=model["vocab"], merges=merges, model_max_length=CLIP_LENGTH)
+    return CLIPTokenizer(vocab=model["vocab"], merges=merges, model_max_length=max_length)
 
 
 def t5_tokenizer() -> Any:
@@ -76,7 +77,7 @@ def t5_tokenizer() -> Any:
     return T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=T5_LENGTH)
 
 
-def clip_encoder(width: int, vocab_size: int, *, projection: bool = True) -> Any:
+def clip_encoder(width: int, vocab_size: int, *, projection: bool = True, max_length: int = CLIP_LENGTH) -> Any:
     """A random CLIP text encoder; ``projection``: with SD3's text projection, else FLUX's plain one."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
@@ -87,7 +88,7 @@ def clip_encoder(width: int, vocab_size: int, *, projection: bool = True) -> Any
         intermediate_size=2 * width,
         num_hidden_layers=2,
         num_attention_heads=2,
-        max_position_embeddings=CLIP_LENGTH,
+        max_position_embeddings=max_length,
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=1,
@@ -95,12 +96,13 @@ def clip_encoder(width: int, vocab_size: int, *, projection: bool = True) -> Any
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
 
 
-def t5_encoder(vocab_size: int) -> Any:
+def t5_encoder(vocab_size: int, width: int = T5_WIDTH) -> Any:
+    """A random T5 encoder whose token states are ``width`` wide."""
     from transformers import T5Config, T5EncoderModel
 
     config = T5Config(
         vocab_size=vocab_size,
-        d_model=T5_WIDTH,
+        d_model=width,
         d_kv=16,
         d_ff=64,
         num_layers=2,
