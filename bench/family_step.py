@@ -32,7 +32,7 @@ import torch
 from alternate import Comparison, alternate
 from bare_family_loops import BareFamilyStep, SFTSettings
 from latent_cache import CPUClock
-from prepared import unit_seconds
+from prepared import folder_stage_spec, unit_seconds
 from torch import Tensor
 
 from flowpost.core.config.schema import StageConfig
@@ -110,20 +110,10 @@ def prepare(root: Path, family: str, records: int) -> Path:
 
 def stage_spec(root: Path, family: str, out: Path, *, steps: int, batch: int) -> StageSpec:
     """The SFT stage of ``family`` on ``root``'s data (full fine-tuning), writing an emptied ``out``."""
-    shutil.rmtree(out, ignore_errors=True)
     model = {"family": family, "pretrained": str(root / "pipeline"), "options": FAMILIES[family].options}
     train = {"lr": LR, "batch_size": batch, "max_steps": steps, "log_every": 1, "checkpoint_every": 0}
     stage = StageConfig.model_validate({"trainer": "sft", "model": model, "train": train})
-    return StageSpec(
-        stage=STAGE,
-        seed=SEED,
-        config=stage.model_dump(mode="json"),
-        output_dir=str(out),
-        dataset_dir=str(root / "data"),
-        conditions_dir=str(root / "conditions"),
-        encoder_fingerprint=FINGERPRINT,
-        resume=False,
-    )
+    return folder_stage_spec(stage, root, out, name=STAGE, fingerprint=FINGERPRINT, seed=SEED)
 
 
 def settings(spec: StageSpec) -> SFTSettings:

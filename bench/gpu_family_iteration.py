@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from prepared import unit_seconds
+from prepared import folder_stage_spec, unit_seconds
 from torch.utils.flop_counter import FlopCounterMode
 
 from flowpost.core.config.schema import StageConfig
@@ -153,7 +153,6 @@ def prepare(root: Path, family: str, args: argparse.Namespace, device: torch.dev
 
 def stage_spec(root: Path, out: Path, family: str, model: dict[str, Any], args: argparse.Namespace) -> StageSpec:
     """A GRPO stage of ``args.iterations`` iterations, one prompt of ``args.group`` rollouts each."""
-    shutil.rmtree(out, ignore_errors=True)
     stage = StageConfig.model_validate(
         {
             "trainer": "grpo",
@@ -179,16 +178,7 @@ def stage_spec(root: Path, out: Path, family: str, model: dict[str, Any], args: 
             "launch": {"mixed_precision": "bf16" if args.shape == "real" else "no"},
         }
     )
-    return StageSpec(
-        stage="grpo",
-        seed=0,
-        config=stage.model_dump(mode="json"),
-        output_dir=str(out),
-        dataset_dir=str(root / "data"),
-        conditions_dir=str(root / "conditions"),
-        encoder_fingerprint=FINGERPRINT,
-        resume=False,
-    )
+    return folder_stage_spec(stage, root, out, name="grpo", fingerprint=FINGERPRINT)
 
 
 def measure(workspace: Path, family: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

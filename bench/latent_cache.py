@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from alternate import Comparison, alternate
-from prepared import unit_seconds
+from prepared import folder_stage_spec, unit_seconds
 
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.config.schema import StageConfig
@@ -110,20 +110,9 @@ def prepare(root: Path, records: int) -> tuple[dict[str, object], dict[str, floa
 
 def spec(root: Path, model: dict[str, object], out: Path, *, steps: int, batch: int, cached: bool) -> StageSpec:
     """The SFT stage on ``root``'s data, reading its latent cache when ``cached``, writing an emptied ``out``."""
-    shutil.rmtree(out, ignore_errors=True)
     train = {"lr": 1e-4, "batch_size": batch, "max_steps": steps, "log_every": 1, "checkpoint_every": 0}
     stage = StageConfig.model_validate({"trainer": "sft", "model": model, "train": train})
-    return StageSpec(
-        stage="sft",
-        seed=0,
-        config=stage.model_dump(mode="json"),
-        output_dir=str(out),
-        dataset_dir=str(root / "data"),
-        conditions_dir=str(root / "conditions"),
-        latents_dir=str(root / "latents") if cached else None,
-        encoder_fingerprint=FINGERPRINT,
-        resume=False,
-    )
+    return folder_stage_spec(stage, root, out, name="sft", fingerprint=FINGERPRINT, latents=cached)
 
 
 def compare(root: Path, model: dict[str, object], steps: int, rounds: int, batch: int) -> tuple[Comparison, Comparison]:

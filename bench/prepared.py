@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
-from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.config.schema import PipelineConfig, StageConfig
 from flowpost.core.events import read_events
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.tasks.conditions import encoder_fingerprint
@@ -63,3 +63,22 @@ def unit_seconds(events_path: Path) -> list[float]:
 def stage_train(pipeline: PipelineConfig, name: str) -> dict[str, Any]:
     """The validated ``train:`` section of stage ``name``."""
     return pipeline.stages[name].train
+
+
+def folder_stage_spec(
+    stage: StageConfig, root: Path, out: Path, *, name: str, fingerprint: str, latents: bool = False, seed: int = 0
+) -> StageSpec:
+    """Stage ``name`` (from scratch) on ``root``'s ``data``, ``conditions`` (filled by the encoder
+    ``fingerprint``) and, with ``latents``, ``latents`` folders, writing an emptied ``out``."""
+    shutil.rmtree(out, ignore_errors=True)
+    return StageSpec(
+        stage=name,
+        seed=seed,
+        config=stage.model_dump(mode="json"),
+        output_dir=str(out),
+        dataset_dir=str(root / "data"),
+        conditions_dir=str(root / "conditions"),
+        latents_dir=str(root / "latents") if latents else None,
+        encoder_fingerprint=fingerprint,
+        resume=False,
+    )
