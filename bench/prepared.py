@@ -40,13 +40,20 @@ def prepared_run(workspace: Path, pipeline: PipelineConfig) -> PipelineRun:
 
 def fresh_spec(run: PipelineRun, name: str, out: Path) -> StageSpec:
     """Stage ``name`` of ``run`` writing into an emptied ``out``, never resuming."""
+    return spec_on(
+        run.pipeline, name, out, dataset=run.path("acquire.digits"), conditions=run.path("conditions.minilm")
+    )
+
+
+def spec_on(pipeline: PipelineConfig, name: str, out: Path, *, dataset: Path, conditions: Path) -> StageSpec:
+    """Stage ``name`` of ``pipeline`` on the ``dataset`` and ``conditions`` folders, writing into an emptied
+    ``out``, never resuming."""
     shutil.rmtree(out, ignore_errors=True)
-    conditions = run.path("conditions.minilm")
     return stage_spec(
-        run.pipeline,
+        pipeline,
         name,
         out,
-        dataset_dir=run.path("acquire.digits"),
+        dataset_dir=dataset,
         conditions_dir=conditions,
         encoder_fingerprint=encoder_fingerprint(conditions),
         init_from=None,
