@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="pipeline override (dotted)")
     args = parser.parse_args(argv)
     if args.sft_steps < 2 or args.grpo_iterations < 2 or args.eval_samples < 10:
-        parser.error("--sft-steps and --grpo-iterations must be at least 2 (the first is not timed), --eval-samples 10")
+        parser.error(
+            "--sft-steps and --grpo-iterations must be at least 2 (the first is not timed), --eval-samples at least 10"
+        )
     if (args.dataset is None) != (args.conditions is None):
         parser.error("give --dataset and --conditions together, or neither")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

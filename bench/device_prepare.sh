@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-WS=${WORKSPACE:-bench-ws}
+WS=$(mktemp -d)  # fresh: one folder per node, the current code's
+trap 'rm -rf "$WS"' EXIT
 $PY bench/cuda_smoke.py --workspace "$WS" --sft-steps 2 --grpo-iterations 2 --eval-samples 10
 rm -rf .device && mkdir -p .device
 cp -r "$WS"/acquire.digits/*/ .device/data

@@ -2,30 +2,30 @@
 
     python bench/gpu_family_iteration.py [--families sd3 flux1] [--shape real|tiny] [--workspace bench-ws]
                                          [--resolution 512] [--group 8] [--lora-rank 32] [--steps 10]
-                                         [--iterations 3] [--peak-tflops 989]
+                                         [--train-batch-size 2] [--iterations 3] [--peak-tflops 989]
 
 ``--shape real`` (for a GPU) gives each family its released transformer's shape, SD3.5-Medium's (2.2 B
 parameters) or FLUX.1-dev's (11.9 B), with random weights in bfloat16, next to text encoders of the real
-widths and token counts (CLIP-L/G 77 tokens, T5 256 for sd3, 512 for flux1) but one tiny layer each and a
-tiny VAE of the real latent shape: the transformer is what a GRPO iteration spends its time on. The
-pipeline is saved as a diffusers folder and trained through flowpost's own stage (LoRA rank
-``--lora-rank`` on the family's targets, bf16 autocast, one prompt with ``--group`` rollouts of ``--steps``
-Flow-SDE steps, CFG 4.5 for sd3, a JPEG-size reward) for ``--iterations`` iterations; the first, with its
-warm-up, is not timed. Peak memory is the CUDA allocator's. Model FLOPs are counted by
-``torch.utils.flop_counter`` over one more iteration of a fresh stage (rollouts and training alike), and
-MFU is those FLOPs over the median iteration's seconds times ``--peak-tflops`` (the H100/H200 bf16 dense
-peak by default). ``--shape tiny`` runs the tests' tiny pipelines, on the CPU, to check the wiring.
-Writes ``WORKSPACE/gpu_family_iteration.json``.
+widths and token counts (CLIP-L/G 77 tokens, T5 256 for sd3, 512 for flux1) but two narrow layers each
+and a narrow VAE of the real latent shape: the transformer is what a GRPO iteration spends its time on.
+The pipeline is saved as a diffusers folder and trained through flowpost's own stage (LoRA rank
+``--lora-rank`` on the family's targets, bf16 autocast, one prompt with ``--group`` rollouts of
+``--steps`` Flow-SDE steps, CFG 4.5 for sd3, a JPEG-size reward, ``--train-batch-size`` samples per
+micro-batch) for ``--iterations`` iterations; the first, with its warm-up, is not timed. Peak memory is
+the CUDA allocator's. Model FLOPs are counted by ``torch.utils.flop_counter`` over one more iteration of
+a fresh stage (rollouts and training alike), and MFU is those FLOPs over the median iteration's seconds
+times ``--peak-tflops`` (the H100/H200 bf16 dense peak by default). ``--shape tiny`` runs the tests' tiny
+pipelines, on the CPU, to check the wiring.
 
-Building the full-size sd3 pipeline and its stage on the CPU (without training) takes about a minute and
-11 GB of memory; on a GPU the weights are drawn there. A GPU machine whose Python lacks flowpost's
-dependencies needs wheels of diffusers, pydantic (with pydantic-core, annotated-types and
-typing-inspection), webdataset and braceexpand carried to it, with flowpost on ``PYTHONPATH``.
+After each family ``WORKSPACE/gpu_family_iteration.json`` is rewritten with the families measured so
+far, and that family's folders (the pipeline and each stage's merged final weights: 22 GiB each for FLUX
+in bf16) are deleted. Sized for a 141 GB H200; on an 80 GB GPU keep ``--train-batch-size`` at 1 for FLUX.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import statistics
@@ -171,7 +171,7 @@ def stage_spec(root: Path, out: Path, family: str, model: dict[str, Any], args: 
                 "prompts_per_iteration": 1,
                 "group_size": args.group,
                 "rollout_batch_size": args.group,
-                "train_batch_size": min(args.group, 4),
+                "train_batch_size": args.train_batch_size,
                 "log_every": 1,
                 "checkpoint_every": 0,
             },
@@ -198,11 +198,13 @@ def measure(workspace: Path, family: str, args: argparse.Namespace, device: torc
     seconds = unit_seconds(root / "timed" / "events.jsonl")
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
     del trainer
+    release(root / "timed", cuda)
     counter = FlopCounterMode(display=False)
     with counter:  # one iteration, rollouts and training alike
         once = argparse.Namespace(**{**vars(args), "iterations": 1})
         build_trainer(stage_spec(root, root / "counted", family, model, once)).start()
     flops = counter.get_total_flops()
+    release(root, cuda)
     median = statistics.median(seconds) if seconds else float("nan")
     mfu = flops / (median * args.peak_tflops * 1e12)
     memory = f"{peak / 2**30:.1f} GiB peak" if peak is not None else "peak memory not tracked on the CPU"
@@ -219,6 +221,7 @@ def measure(workspace: Path, family: str, args: argparse.Namespace, device: torc
         "trainable_parameters": trainable,
         "resolution": args.resolution if args.shape == "real" else None,
         "group_size": args.group,
+        "train_batch_size": args.train_batch_size,
         "sampling_steps": args.steps,
         "lora_rank": args.lora_rank,
         "iteration_seconds": seconds,
@@ -231,6 +234,14 @@ def measure(workspace: Path, family: str, args: argparse.Namespace, device: torc
     }
 
 
+def release(folder: Path, cuda: bool) -> None:
+    """Delete ``folder`` and give the freed memory back (the next stage loads the weights again)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
@@ -240,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=8, help="rollouts of the iteration's one prompt")
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10, help="Flow-SDE sampling steps per rollout")
+    parser.add_argument("--train-batch-size", type=int, default=2, help="samples per training micro-batch")
     parser.add_argument("--iterations", type=int, default=3, help="GRPO iterations; the first is not timed")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="the device's bf16 dense peak")
     args = parser.parse_args(argv)
@@ -247,11 +259,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--iterations and --group must be at least 2, --steps at least 3 (2 trained), --resolution a multiple of 16"
         )
+    if args.group % args.train_batch_size:
+        parser.error(f"--train-batch-size {args.train_batch_size} must divide --group {args.group}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.shape == "real" and device.type != "cuda":
         parser.error("--shape real needs a CUDA device (a full-size transformer); use --shape tiny here")
-    results = {family: measure(args.workspace, family, args, device) for family in args.families}
-    write_json_atomic(args.workspace / "gpu_family_iteration.json", results)
+    results: dict[str, Any] = {}
+    for family in args.families:  # written after each: a later family's failure keeps the earlier ones
+        results[family] = measure(args.workspace, family, args, device)
+        write_json_atomic(args.workspace / "gpu_family_iteration.json", results)
     return 0
 
 

@@ -130,8 +130,8 @@ def family_section(result: dict[str, Any]) -> list[str]:
 
 def added_ms(result: dict[str, Any]) -> str:
     """The range over families of flowpost's median step minus the bare loop's, in milliseconds."""
-    added = sorted(r["flowpost_median_s"] - r["bare_median_s"] for r in result.values())
-    return f"{added[0] * 1e3:.1f}-{added[-1] * 1e3:.1f} ms" if added else "nothing"
+    added = sorted({f"{(r['flowpost_median_s'] - r['bare_median_s']) * 1e3:.1f}" for r in result.values()}, key=float)
+    return f"{'-'.join(dict.fromkeys([added[0], added[-1]]))} ms" if added else "nothing"
 
 
 def cache_section(result: dict[str, Any], batch: int) -> list[str]:
@@ -294,13 +294,13 @@ def _machine() -> str:
     )
 
 
-def write_results(out: Path, profile: str, sections: list[str], seconds: float) -> None:
+def write_results(out: Path, profile: str, sections: list[str], seconds: float, machine: str) -> None:
     """``out``: when, where and how the figures were measured, how to rerun them, then ``sections``."""
     rerun = "python bench/run_all.py" + (" --quick" if profile == "quick" else "")
     header = [
         "# Benchmarks",
         "",
-        f"Profile `{profile}`{f', {seconds:.0f} s in all' if seconds else ''}; {_machine()}.",
+        f"Profile `{profile}`{f', {seconds:.0f} s in all' if seconds else ''}; {machine}.",
         "",
         "Each benchmark measures flowpost and its baseline in the same run, alternating their order round by",
         "round, and reports medians and the ratio. The figures below come from a shared, noisy machine",
@@ -331,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     profile = "quick" if args.quick else "full"
-    timings = args.workspace / "run_all.json"
-    seconds = read_json(timings) if args.render and timings.is_file() else {}
+    timings = args.workspace / "run_all.json"  # each benchmark's seconds and where the run measured them
+    recorded = read_json(timings) if args.render and timings.is_file() else {}
+    seconds: dict[str, float] = recorded.get("seconds", {})
+    machine = recorded.get("machine", "measured where and when not recorded")
     sections: list[str] = []
     for name, module in MODULES.items():
         if args.only and name not in args.only:
@@ -346,10 +348,11 @@ def main(argv: list[str] | None = None) -> int:
             begun = time.monotonic()
             body = _run(module.main, ["--workspace", str(args.workspace), *flags], name, args.workspace)
             seconds[name] = time.monotonic() - begun
-            write_json_atomic(timings, seconds)
+            machine = _machine()
+            write_json_atomic(timings, {"seconds": seconds, "machine": machine})
         took = f" ({seconds[name]:.0f} s)" if name in seconds else ""
         sections += [f"## {TITLES[name]}", "", f"`{command}`{took}", "", *body, ""]
-        write_results(args.out, profile, sections, sum(seconds.values()))  # a later failure keeps these
+        write_results(args.out, profile, sections, sum(seconds.values()), machine)  # a later failure keeps these
     print(f"\nwrote {args.out}")
     return 0
 

@@ -58,6 +58,13 @@ def tiny_pipeline():  # noqa: ANN201
 
 
 @pytest.fixture(scope="session")
+def long_pipeline() -> dict[str, Any]:
+    """The tiny pipeline with an SFT stage that trains far longer than any test waits, checkpointing every
+    5 steps, not in smoke mode (for tests that stop a run while it trains)."""
+    return {**tiny_pipeline_dict(max_steps=100_000, checkpoint_every=5), "smoke": False}
+
+
+@pytest.fixture(scope="session")
 def sd3_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random SD3 diffusers pipeline folder (``tests/tiny_sd3_pipeline.py``)."""
     from tiny_sd3_pipeline import build_tiny_sd3_pipeline

@@ -19,10 +19,7 @@ STOP_SECONDS = 20  # the stage checkpoints at its next step; the temporary serve
 KILL_AFTER_SECONDS = 10  # a rank that does not stop on SIGTERM is killed this long after it
 
 
-def _long_pipeline(tmp_path: Path, tiny_pipeline) -> Path:  # noqa: ANN001
-    """A pipeline file whose SFT stage trains far longer than any test waits, checkpointing every 5 steps."""
-    config = tiny_pipeline(max_steps=100_000, checkpoint_every=5)
-    config["smoke"] = False
+def _pipeline_file(tmp_path: Path, config: dict) -> Path:
     pipeline = tmp_path / "long.yaml"
     pipeline.write_text(yaml.safe_dump(config))
     return pipeline
@@ -84,8 +81,8 @@ def _stopped(
 
 
 @pytest.mark.slow
-def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path, tiny_pipeline) -> None:
-    pipeline = _long_pipeline(tmp_path, tiny_pipeline)
+def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path, long_pipeline) -> None:
+    pipeline = _pipeline_file(tmp_path, long_pipeline)
     run = _start(tmp_path, pipeline)
     events, processes = _training(tmp_path, run, checkpointed=True)
     ports = _listening(processes)
@@ -111,8 +108,8 @@ def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path, 
 
 
 @pytest.mark.slow
-def test_a_rank_that_ignores_sigterm_is_killed_and_its_last_checkpoint_resumes(tmp_path: Path, tiny_pipeline) -> None:
-    pipeline = _long_pipeline(tmp_path, tiny_pipeline)
+def test_a_rank_that_ignores_sigterm_is_killed_and_its_last_checkpoint_resumes(tmp_path: Path, long_pipeline) -> None:
+    pipeline = _pipeline_file(tmp_path, long_pipeline)
     run = _start(tmp_path, pipeline)
     events, processes = _training(tmp_path, run, checkpointed=True)
     ranks = [p for p in processes if "flowpost.stage" in " ".join(p.cmdline())]

@@ -41,3 +41,4 @@ def test_a_tiny_iteration_is_timed_measured_and_counted(tmp_path: Path) -> None:
     assert result["flops_per_iteration"] > 2 * 3 * 2 * 2 * frozen
     assert 0 < result["mfu"] < 1
     assert result["peak_memory_bytes"] is None  # tracked on CUDA only
+    assert not (tmp_path / "gpu_family_iteration" / "sd3").exists()  # its pipeline and weights deleted

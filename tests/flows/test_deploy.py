@@ -132,7 +132,7 @@ def _training_events(workspace: Path, *, after: int, deadline: float) -> Path:
         time.sleep(0.5)
 
 
-def _gone(processes: list[psutil.Process], within: float) -> list[psutil.Process]:
+def _survivors(processes: list[psutil.Process], within: float) -> list[psutil.Process]:
     """Those of ``processes`` still running (not zombies) after ``within`` seconds at most."""
     _, alive = psutil.wait_procs(processes, timeout=within)
     return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -140,7 +140,7 @@ def _gone(processes: list[psutil.Process], within: float) -> list[psutil.Process
 
 @pytest.mark.slow
 def test_cancelling_or_interrupting_a_deployed_run_stops_its_stage_which_then_resumes(
-    prefect_harness, tiny_pipeline, tmp_path: Path
+    prefect_harness, long_pipeline, tmp_path: Path
 ) -> None:
     from prefect.deployments import run_deployment
 
@@ -148,16 +148,15 @@ def test_cancelling_or_interrupting_a_deployed_run_stops_its_stage_which_then_re
     from flowpost.flows.retrain import deploy_pipeline
     from flowpost.tasks.workspace_lock import workspace_lock
 
-    config = tiny_pipeline(max_steps=100_000, checkpoint_every=5)
-    config["smoke"] = False
     workspace = tmp_path / "ws"
     deployment = deploy_pipeline(
-        _pipeline_file(tmp_path, config), [], workspace, pool="signal-pool", cron=None, name="signals"
+        _pipeline_file(tmp_path, long_pipeline), [], workspace, pool="signal-pool", cron=None, name="signals"
     )
+    log = (tmp_path / "worker.log").open("wb")  # a file, not a pipe: the flow runs log every step through it
     worker = subprocess.Popen(
         [PREFECT, "worker", "start", "--pool", "signal-pool"],
         env=_env(),
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -170,7 +169,7 @@ def test_cancelling_or_interrupting_a_deployed_run_stops_its_stage_which_then_re
         assert ranks, [p.cmdline() for p in processes]
         done = subprocess.run([PREFECT, "flow-run", "cancel", str(cancelled.id)], env=_env(), capture_output=True)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert not _gone(ranks, within=60), "the stage's ranks outlived the cancelled flow run"
+        assert not _survivors(ranks, within=60), "the stage's ranks outlived the cancelled flow run"
         state = _wait_for_final_state(cancelled.id, timeout=60.0)
         assert state.is_cancelled(), state
         stopped = read_events(events)
@@ -187,11 +186,14 @@ def test_cancelling_or_interrupting_a_deployed_run_stops_its_stage_which_then_re
         ranks = [p for p in processes if "flowpost.stage" in " ".join(p.cmdline())]
         flow_process = next(r.parent() for r in ranks)
         flow_process.send_signal(signal.SIGINT)
-        assert not _gone([flow_process, *ranks], within=30), "the interrupted flow run or its stage is still running"
+        assert not _survivors([flow_process, *ranks], within=30), (
+            "the interrupted flow run or its stage is still running"
+        )
         assert read_events(events)[-1]["event"] == "checkpoint"
         state = _wait_for_final_state(interrupted.id, timeout=60.0)
         assert not state.is_completed(), state
         print(f"cancelled: {cancelled.id}; interrupted: {state.type.value}")
     finally:
         worker.terminate()
-        worker.communicate(timeout=60)
+        worker.wait(timeout=60)
+        log.close()
