@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
@@ -18,3 +21,16 @@ class OneDevice(TorchFunctionMode):
         if len(devices) > 1:
             raise AssertionError(f"{getattr(func, '__name__', func)} mixes tensors on {sorted(map(str, devices))}")
         return func(*args, **kwargs)
+
+
+def rollout_on(trainer: Any, rollout: Any, device: torch.device) -> Any:
+    """Move ``trainer``'s trainable network and its updates to ``device``; ``rollout`` with its tensors there."""
+    trainer.adapter.trainable_network().to(device)
+    trainer.accelerator = SimpleNamespace(device=device)  # where the updates run; the network is already there
+    return replace(
+        rollout,
+        conditions=rollout.conditions.to(device),
+        final=rollout.final.to(device),
+        latents=rollout.latents.to(device),
+        next_latents=rollout.next_latents.to(device),
+    )

@@ -27,28 +27,36 @@ def sft_adapter(config: dict[str, Any], out_dir: Path) -> Any:
     return build_adapter(stage, StageSpec(stage="sft", seed=0, config={}, output_dir=str(out_dir)))
 
 
+TINY_ROLLOUTS = {"iterations": 1, "prompts_per_iteration": 2, "group_size": 2, "rollout_batch_size": 4}
+JPEG = [{"name": "jpeg_incompressibility"}]  # a reward without a checkpoint (PickScore needs its own)
+
+
 def shrunk_example(
     config: dict[str, Any],
     folder: Path,
-    prompts: Path,
+    tmp_path: Path,
     *,
     conditions: str,
     stage: str,
     max_length: int,
-    resolution: int,
+    options: dict[str, Any] | None = None,
+    rewards: list[dict[str, Any]] = JPEG,
 ) -> dict[str, Any]:
-    """A real-weights image example's ``config`` pointed at the tiny pipeline ``folder`` and the prompt file
-    ``prompts``: smoke budgets, LoRA rank 4, fp32, a reward without a checkpoint; the stage's sampling and
-    train budgets are the caller's."""
+    """A real-weights example's ``config`` pointed at the tiny pipeline ``folder`` and a prompt file of four
+    corpus prompts written in ``tmp_path``: smoke budgets, LoRA rank 4, fp32, ``rewards``, the family's
+    ``options`` over the example's; the stage's sampling and train budgets are the caller's."""
+    from tiny_sd3_pipeline import CORPUS
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(CORPUS[:4]) + "\n")
     config["smoke"] = True
     config["datasets"]["prompts"]["path"] = str(prompts)
     config["conditions"][conditions].update(max_length=max_length)
     config["conditions"][conditions]["model"]["pretrained"] = str(folder)
     trained = config["stages"][stage]
-    model = {"pretrained": str(folder), "torch_dtype": "float32"}
-    trained["model"].update(
-        model, lora={"rank": 4, "alpha": 8}, options={**trained["model"]["options"], "resolution": resolution}
-    )
-    trained["rewards"] = [{"name": "jpeg_incompressibility"}]  # PickScore needs its checkpoint
+    trained["model"].update(pretrained=str(folder), torch_dtype="float32", lora={"rank": 4, "alpha": 8})
+    if options:
+        trained["model"]["options"] = {**trained["model"].get("options", {}), **options}
+    trained["rewards"] = rewards
     trained["launch"] = {"mixed_precision": "no"}
     return config

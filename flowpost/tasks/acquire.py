@@ -89,6 +89,7 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
         for name, manifest in shards.items():
             write_json_atomic(out_dir / name / "manifest.json", manifest)
         held_out_prompts = shards["eval"]["prompts"] if "eval" in shards else []
+        trained = set(shards["train"]["prompts"])
         manifest = {
             "source": config.source,
             "path": source_location(config),
@@ -98,7 +99,7 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
             "bad_items": bad.manifest(),
             "shards": {name: m["shards"] for name, m in shards.items()},
             "train_prompts": shards["train"]["prompts"],
-            "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in set(shards["train"]["prompts"])],
+            "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in trained],
             "classifiers": {},
         }
         write_json_atomic(out_dir / "manifest.json", manifest)

@@ -28,9 +28,9 @@ def run_bare_node(
     if layout not in LAYOUTS:
         raise FlowpostError(f"unknown layout {layout!r}; use {' or '.join(LAYOUTS)}", where="--layout")
     refuse_if_busy(workspace)  # a refusal writes nothing, not even the lock file
-    PipelineRun(pipeline, workspace, layout=layout).check_inputs(node_id)  # type: ignore[arg-type]
+    run = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
+    run.check_inputs(node_id)
     with workspace_lock(workspace, f"flowpost stage {node_id}"):
-        run = PipelineRun(pipeline, workspace, layout=layout)  # type: ignore[arg-type]
         result = run.execute(node_id, refresh=refresh, resume=resume, force=force, on_event=on_event)
         if node_id == "report":
             run.publish_report()

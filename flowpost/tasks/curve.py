@@ -31,12 +31,13 @@ def budget_counter(stage: StageConfig) -> Counter:
 def due_checkpoints(checkpoints_dir: Path, *, every: int, counter: Counter, smoke: bool) -> list[Path]:
     """The checkpoints at a multiple of ``every`` budget units, oldest first; all of them under ``smoke``
     (whose cut budgets checkpoint every 2 units)."""
-    due = []
-    for path in step_checkpoints(checkpoints_dir):
-        progress = read_json(path / "state.json", what="checkpoint state")["trainer"]["progress"]
-        if smoke or int(progress[counter]) % every == 0:
-            due.append(path)
-    return due
+    return [path for path in step_checkpoints(checkpoints_dir) if smoke or _progress(path)[counter] % every == 0]
+
+
+def _progress(checkpoint: Path) -> dict[str, int]:
+    """A checkpoint's progress counters, from its ``state.json`` alone (no weights read)."""
+    progress = read_json(checkpoint / "state.json", what="checkpoint state")["trainer"]["progress"]
+    return {name: int(value) for name, value in progress.items()}
 
 
 def checkpoint_curve(
@@ -51,9 +52,10 @@ def checkpoint_curve(
     the ``final`` row (the final weights' metrics, at their step, replacing a checkpoint of that step)."""
     rows = {int(final["step"]): final}
     for path in checkpoints:
+        if _progress(path)["optimizer_step"] in rows:  # the final weights' step: not loaded
+            continue
         step = load_checkpoint_weights(adapter, path, weights=weights).optimizer_step
-        if step not in rows:
-            rows[step] = {"step": step, **score(adapter)}
+        rows[step] = {"step": step, **score(adapter)}
     return [rows[step] for step in sorted(rows)]
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pretrained_stage import shrunk_example
+from pretrained_stage import TINY_ROLLOUTS, shrunk_example
 from tiny_flux1_pipeline import RESOLUTION
-from tiny_sd3_pipeline import CORPUS, T5_LENGTH
+from tiny_sd3_pipeline import T5_LENGTH
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.models.flux1 import Flux1Adapter
@@ -16,23 +16,15 @@ from flowpost.tasks.preflight import stage_memory
 from flowpost.tasks.runner import PipelineRun
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "flux1-nft.yaml"
-TINY_TRAIN = {
-    "iterations": 1,
-    "prompts_per_iteration": 2,
-    "group_size": 2,
-    "rollout_batch_size": 4,
-    "train_batch_size": 2,
-    "gradient_accumulation_steps": 1,
-}
+TINY_TRAIN = {**TINY_ROLLOUTS, "train_batch_size": 2, "gradient_accumulation_steps": 1}
 
 
 @pytest.mark.slow  # about a minute: the conditions node, a stage process, the pipeline export
 def test_the_example_runs_on_a_tiny_flux1_folder(flux1_pipeline_dir: Path, tmp_path: Path) -> None:
     config = yaml.safe_load(EXAMPLE.read_text())
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(CORPUS[:4]) + "\n")
+    options = {"resolution": RESOLUTION}
     shrunk_example(
-        config, flux1_pipeline_dir, prompts, conditions="flux", stage="nft", max_length=T5_LENGTH, resolution=RESOLUTION
+        config, flux1_pipeline_dir, tmp_path, conditions="flux", stage="nft", max_length=T5_LENGTH, options=options
     )
     stage = config["stages"]["nft"]
     stage["sampling"].update(steps=3)

@@ -6,39 +6,28 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pretrained_stage import shrunk_example
+from pretrained_stage import TINY_ROLLOUTS, shrunk_example
 from tiny_qwen_image_pipeline import MAX_LENGTH, RESOLUTION
-from tiny_sd3_pipeline import CORPUS
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.models.qwen_image import QwenImageAdapter
 from flowpost.tasks.runner import PipelineRun
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "qwen-image-awm.yaml"
-TINY_TRAIN = {
-    "iterations": 1,
-    "prompts_per_iteration": 2,
-    "group_size": 2,
-    "rollout_batch_size": 4,
-    "train_batch_size": 2,
-    "gradient_accumulation_steps": 1,
-    "train_timesteps": 2,
-}
+TINY_TRAIN = {**TINY_ROLLOUTS, "train_batch_size": 2, "gradient_accumulation_steps": 1, "train_timesteps": 2}
 
 
 @pytest.mark.slow  # about 30 s: the conditions node, a stage process, the pipeline export
 def test_the_example_runs_on_a_tiny_qwen_image_folder(qwen_image_pipeline_dir: Path, tmp_path: Path) -> None:
     config = yaml.safe_load(EXAMPLE.read_text())
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(CORPUS[:4]) + "\n")
     shrunk_example(
         config,
         qwen_image_pipeline_dir,
-        prompts,
+        tmp_path,
         conditions="qwen",
         stage="awm",
         max_length=MAX_LENGTH,
-        resolution=RESOLUTION,
+        options={"resolution": RESOLUTION},
     )
     stage = config["stages"]["awm"]
     stage["sampling"].update(steps=4)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from tiny_sd3_pipeline import CORPUS, T5_LENGTH
+from pretrained_stage import TINY_ROLLOUTS, shrunk_example
+from tiny_sd3_pipeline import T5_LENGTH
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH, load_wan2_adapter
 
 from flowpost.core.conditions import NULL_PROMPT
@@ -85,20 +86,20 @@ def test_the_example_runs_on_a_tiny_wan_folder(wan2_pipeline_dir: Path, tmp_path
     from flowpost.core.sampling.generate import sample_prompts
 
     config = yaml.safe_load(EXAMPLE.read_text())
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(CORPUS[:4]) + "\n")
-    config["smoke"] = True
-    config["datasets"]["prompts"]["path"] = str(prompts)
-    config["conditions"]["wan2"].update(max_length=T5_LENGTH)
-    config["conditions"]["wan2"]["model"]["pretrained"] = str(wan2_pipeline_dir)
+    sampled = [{"name": "jpeg_incompressibility", "frames": "sampled", "sampled_frames": 2}]
+    shrunk_example(
+        config,
+        wan2_pipeline_dir,
+        tmp_path,
+        conditions="wan2",
+        stage="grpo",
+        max_length=T5_LENGTH,
+        options=TINY_VIDEO,
+        rewards=sampled,
+    )
     stage = config["stages"]["grpo"]
-    model = {"pretrained": str(wan2_pipeline_dir), "torch_dtype": "float32", "lora": {"rank": 4, "alpha": 8}}
-    stage["model"].update(model, options={**stage["model"]["options"], **TINY_VIDEO})
-    stage["rewards"] = [{"name": "jpeg_incompressibility", "frames": "sampled", "sampled_frames": 2}]
     stage["sampling"].update(steps=3, window=1)
-    train = {"iterations": 1, "prompts_per_iteration": 2, "group_size": 2, "rollout_batch_size": 4}
-    stage["train"].update(train, train_batch_size=4, checkpoint_every=0)
-    stage["launch"] = {"mixed_precision": "no"}
+    stage["train"].update(TINY_ROLLOUTS, train_batch_size=4, checkpoint_every=0)
     run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
     results = {node: run.execute(node) for node in run.nodes}
     assert results["train.grpo"].outputs["step"] == 1

@@ -35,18 +35,21 @@ def compile_network(
 ) -> list[nn.Module]:
     """Compile ``network``'s repeated blocks (``regional``) or ``network`` itself with ``torch.compile(**options)``;
     the modules compiled, in order."""
-    if not regional:
-        network.compile(**options)
-        return [network]
-    classes = repeated_block_classes(network)
-    blocks = [module for module in network.modules() if type(module).__name__ in classes]
+    blocks = repeated_blocks(network) if regional else [network]
     if not blocks:
         raise FlowpostError(
             f"{type(network).__name__} has no repeated transformer blocks to compile; set regional: false", where=where
         )
     for block in blocks:
-        block.compile(**options)
+        if not is_compiled(block):  # a role network may be the transformer, compiled already
+            block.compile(**options)
     return blocks
+
+
+def repeated_blocks(network: nn.Module) -> list[nn.Module]:
+    """``network``'s modules of its repeated block classes, in module order."""
+    classes = repeated_block_classes(network)
+    return [module for module in network.modules() if type(module).__name__ in classes]
 
 
 def is_compiled(module: nn.Module) -> bool:

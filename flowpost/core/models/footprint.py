@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from flowpost.core.models.base import ModelAdapter
-from flowpost.core.models.compile import repeated_block_classes
+from flowpost.core.models.compile import repeated_blocks
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,12 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
     params = list(network.parameters())
     trainable = [p for p in params if p.requires_grad]
     config = network.config  # type: ignore[attr-defined]
-    classes = repeated_block_classes(network)
     return ModelFootprint(
         parameters=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in trainable),
         weight_bytes=sum(p.numel() * p.element_size() for p in params),
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        blocks=sum(type(module).__name__ in classes for module in network.modules()),
+        blocks=len(repeated_blocks(network)),
         hidden=int(config.num_attention_heads) * int(config.attention_head_dim),
         image_tokens=image_tokens(adapter),
         checkpointing=bool(getattr(network, "is_gradient_checkpointing", False)),

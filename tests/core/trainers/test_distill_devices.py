@@ -3,12 +3,9 @@ the rollout, both roles and the teacher snapshot live there; the sigma tables st
 
 from __future__ import annotations
 
-from dataclasses import replace
-from types import SimpleNamespace
-
 import pytest
 import torch
-from one_device import OneDevice
+from one_device import OneDevice, rollout_on
 
 from flowpost.core.trainers.distill.dmd2 import DMD2Trainer
 from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
@@ -31,15 +28,7 @@ def test_each_update_runs_on_the_latents_device(make_trainer, tmp_path, cls):
         real_guidance=2.0,
     )
     rollout = trainer.generate()
-    trainer.adapter.trainable_network().to(META)
-    trainer.accelerator = SimpleNamespace(device=META)  # where the updates run; the network is already there
-    on_meta = replace(
-        rollout,
-        conditions=rollout.conditions.to(META),
-        final=rollout.final.to(META),
-        latents=rollout.latents.to(META),
-        next_latents=rollout.next_latents.to(META),
-    )
+    on_meta = rollout_on(trainer, rollout, META)
     with OneDevice():
         losses = [trainer.fake_score_objective(on_meta, "0-0")]
         losses[0].backward()

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from one_device import OneDevice
+from one_device import OneDevice, rollout_on
 
 from flowpost.core.checkpoint import latest_checkpoint, load_checkpoint
 from flowpost.core.io import sha256_file, write_json_atomic
@@ -131,15 +129,7 @@ def test_the_gan_terms_run_on_the_latents_device(make_trainer, tmp_path):
     meta = torch.device("meta")
     trainer = _dmd2(make_trainer, tmp_path, gan=GAN)
     rollout = trainer.generate()
-    trainer.adapter.trainable_network().to(meta)  # the head with the fake score's network
-    trainer.accelerator = SimpleNamespace(device=meta)
-    on_meta = replace(
-        rollout,
-        conditions=rollout.conditions.to(meta),
-        final=rollout.final.to(meta),
-        latents=rollout.latents.to(meta),
-        next_latents=rollout.next_latents.to(meta),
-    )
+    on_meta = rollout_on(trainer, rollout, meta)  # the head moves with the fake score's network
     with OneDevice():
         losses = [trainer.discriminator_objective(on_meta, "0-0"), *trainer.generator_objectives(on_meta, "0-1")]
     assert all(loss.device == meta and loss.dtype == torch.float32 and loss.dim() == 0 for loss in losses)

@@ -83,8 +83,8 @@ class DMD2Trainer(GenerationTrainer):
         self.adapter.snapshots.capture(TEACHER, self.adapter.module())  # model.init is checked at load
         self.scores = ScorePair(self.adapter, self.args.real_guidance)
         self.plan = RoleUpdatePlan(((FAKE_SCORE, self.args.ttur), (GENERATOR, 1)))
-        conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
-        self.null = conditions.lookup([NULL_PROMPT]) if self.args.real_guidance != 1.0 else None
+        self.conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
+        self.null = self.conditions.lookup([NULL_PROMPT]) if self.args.real_guidance != 1.0 else None
         self.gan = self.args.gan if isinstance(self.args, DMD2Arguments) else None
         self.discriminator = self.build_discriminator() if self.gan is not None else None
 
@@ -112,7 +112,6 @@ class DMD2Trainer(GenerationTrainer):
                 where=f"stages.{self.stage}.data",
             )
         self.real = demonstrations(global_batch_size=1, seed=self.spec.seed).dataset
-        self.real_conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
         network = variants.module(FAKE_SCORE)
         return Discriminator(self.scores, network, seed=self.spec.seed, where=where)
 
@@ -213,7 +212,7 @@ class DMD2Trainer(GenerationTrainer):
         with torch.no_grad():
             x0 = self.adapter.encode_output_state(torch.stack([item["image"] for item in items]).to(device))
         state = self.adapter.prepare_condition_state(
-            self.real_conditions.lookup([item["prompt"] for item in items]).to(device)
+            self.conditions.lookup([item["prompt"] for item in items]).to(device)
         )
         return x0.to(like.dtype), state
 
