@@ -26,7 +26,7 @@ class Sharded(Replicated):
     collective_passes = True
 
     def prepare(self, adapter: ModelAdapter, device: torch.device) -> nn.Module:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from torch.distributed.tensor import init_device_mesh
 
         self._whole = copy.deepcopy(adapter) if dist.get_rank() == 0 else None  # before it moves to the device
@@ -34,10 +34,12 @@ class Sharded(Replicated):
             self._whole.module().to("cpu")
         model = super().prepare(adapter, device)
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        # fp32 shards (the trainer upcast the trainable weights), gathered in the compute dtype, gradients reduced in fp32
+        policy = MixedPrecisionPolicy(param_dtype=adapter.compute_dtype, reduce_dtype=torch.float32)
         for unit in adapter.shard_units():
-            fully_shard(unit, mesh=mesh)
+            fully_shard(unit, mesh=mesh, mp_policy=policy)
         for root in adapter.role_networks():  # each role's network runs its own forwards: one root each
-            fully_shard(root, mesh=mesh)
+            fully_shard(root, mesh=mesh, mp_policy=policy)
         return model
 
     def sync_gradients(self, parameters: list[nn.Parameter]) -> float | None:

@@ -25,6 +25,7 @@ from flowpost.core.events import DoneEvent, EventLog, GuardEvent, StartEvent, St
 from flowpost.core.io import write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
+from flowpost.core.models.precision import upcast_trainable
 from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.roles import role_problems
@@ -132,6 +133,7 @@ class BaseTrainer(ABC):
         if roles:
             check_role_optimizers(roles, optimizers or {}, self.parallel.name, stage=spec.stage)
             adapter.add_component_variants(roles)  # before the layout prepares (and wraps) anything
+        upcast_trainable(adapter.trainable_network())  # fp32 weights and optimizer state, whatever the base's dtype
         model = self.parallel.prepare(adapter, self.accelerator.device)
         self.setup()
         self._check_snapshots_are_not_roles()

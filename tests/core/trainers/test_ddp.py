@@ -362,3 +362,23 @@ def test_resume_grpo_after_sigkill_mid_iteration_is_bit_identical(tmp_path, data
         expected, actual = _weights(tmp_path / "straight", kind), _weights(killed, kind)
         assert expected.keys() == actual.keys()
         assert all(torch.equal(expected[key], actual[key]) for key in expected), kind
+
+
+@pytest.mark.slow  # about 40 s a layout: two ranks loading and training a pipeline folder
+@pytest.mark.parametrize("backend", ["ddp", "fsdp2", "deepspeed-zero2"], ids=["ddp", "fsdp", "zero2"])
+def test_lora_on_a_bf16_base_keeps_fp32_adapters_and_moments_on_two_processes(
+    tmp_path, sd3_pipeline_dir, sd3_data_dirs, backend
+) -> None:
+    from flowpost.core.checkpoint import load_checkpoint
+
+    model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "torch_dtype": "bfloat16", "lora": {"rank": 4}}
+    train = {**SFT, "lr": 1e-5, "checkpoint_every": 2, "keep_last": 2}
+    run_training(_spec(tmp_path, sd3_data_dirs, "sft", train, 2, backend, model=model))
+    early, late = (load_checkpoint(tmp_path / "checkpoints" / f"step-{n}") for n in (2, 4))
+    lora = {k: v for k, v in late.model.items() if "lora_" in k}
+    assert lora and all(v.dtype == torch.float32 for v in lora.values())
+    moments = [m for s in late.optimizer["state"].values() for m in (s["exp_avg"], s["exp_avg_sq"])]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
+    lora_a = [k for k in lora if "lora_A" in k]
+    moved = sum(int((late.model[k] != early.model[k]).sum()) for k in lora_a)
+    assert moved > 0.5 * sum(late.model[k].numel() for k in lora_a)  # two more steps of lr 1e-5 moved A
