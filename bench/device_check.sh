@@ -4,6 +4,8 @@
 #   bench/device_check.sh smoke          # the default pipeline's stages and evaluation (bench/cuda_smoke.py)
 #   bench/device_check.sh family sd3     # a GRPO iteration of a full-size SD3.5-Medium-shaped transformer
 #   bench/device_check.sh family flux1   # the same for FLUX.1-dev (bench/gpu_family_iteration.py)
+#   bench/device_check.sh precision sd3  # bf16 replay ratio and lr-1e-5 LoRA updates at full depth
+#                                        # (bench/precision_check.py; also flux1)
 # Logs and JSON go to $OUT (default: bench-ws); the exit status is the check's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +29,12 @@ case "$PART" in
         timeout 540 python3 bench/gpu_family_iteration.py --workspace /tmp/ws --families "${2:?family sd3|flux1}" \
             2>&1 | tee "$OUT/gpu_family_iteration-$2.log"
         status=$? ;;
+    precision)
+        timeout 540 python3 bench/precision_check.py --workspace /tmp/ws --families "${2:?family sd3|flux1}" \
+            2>&1 | tee "$OUT/precision_check-$2.log"
+        status=$? ;;
     *)
-        echo "unknown part '$PART': give smoke or family sd3|flux1" >&2
+        echo "unknown part '$PART': give smoke, family sd3|flux1 or precision sd3|flux1" >&2
         exit 2 ;;
 esac
 cp /tmp/ws/*.json "$OUT/" 2>/dev/null

@@ -151,8 +151,10 @@ def prepare(root: Path, family: str, args: argparse.Namespace, device: torch.dev
     return model
 
 
-def stage_spec(root: Path, out: Path, family: str, model: dict[str, Any], args: argparse.Namespace) -> StageSpec:
-    """A GRPO stage of ``args.iterations`` iterations, one prompt of ``args.group`` rollouts each."""
+def stage_spec(
+    root: Path, out: Path, family: str, model: dict[str, Any], args: argparse.Namespace, *, lr: float = 3e-4
+) -> StageSpec:
+    """A GRPO stage of ``args.iterations`` iterations at ``lr``, one prompt of ``args.group`` rollouts each."""
     stage = StageConfig.model_validate(
         {
             "trainer": "grpo",
@@ -166,7 +168,7 @@ def stage_spec(root: Path, out: Path, family: str, model: dict[str, Any], args: 
             },
             "rewards": [{"name": "jpeg_incompressibility"}],
             "train": {
-                "lr": 3e-4,
+                "lr": lr,
                 "iterations": args.iterations,
                 "prompts_per_iteration": 1,
                 "group_size": args.group,
