@@ -1,15 +1,19 @@
 """Prompt files: a file or a folder of ``.txt`` / ``.jsonl`` / ``.csv`` / ``.parquet`` prompts.
 
-``.txt`` holds one prompt per line (blank lines and lines starting with ``#`` are skipped); the
-other formats hold a ``prompt`` field or column, and every other field becomes the record's
-metadata. A ``label`` is the digit 0-9 ``digit_adherence`` scores (decimal text in a CSV cell is
-read as its integer); anything else is refused. A folder contributes its files in name order,
+``.txt`` holds one prompt per line (blank lines are skipped; there is no comment syntax: every other
+line is a prompt, ``#`` included); the other formats hold a ``prompt`` field or column, and every other
+field becomes the record's metadata. Files are read line by line as UTF-8 (a byte-order mark is
+dropped); control characters other than tab and line breaks are removed from prompts and counted.
+A ``label`` is the digit 0-9 ``digit_adherence`` scores (decimal text in a CSV cell is read as its
+integer); anything else is refused. A folder contributes its files in name order,
 subfolders included; a prompt seen twice must carry the same metadata both times.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import NamedTuple
 
 from flowpost.core.rewards.labels import digit_label
 from flowpost.data.file_hashes import files_fingerprint
@@ -18,6 +22,7 @@ from flowpost.data.records import PromptRecord
 from flowpost.errors import FlowpostError
 
 SUFFIXES = (".txt", ".jsonl", ".csv", ".parquet")
+CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0 and C1 but tab, \n and \r
 
 
 def prompt_files(path: str | Path, *, where: str) -> list[Path]:
@@ -45,13 +50,22 @@ def prompt_files_fingerprint(path: str | Path, *, where: str) -> str:
     return files_fingerprint(Path(path), prompt_files(path, where=where))
 
 
-def read_prompt_files(path: str | Path, *, where: str) -> list[PromptRecord]:
+class PromptSet(NamedTuple):
+    """The prompts read, each once in file order, and how many control characters were removed from them."""
+
+    records: list[PromptRecord]
+    control_characters_removed: int
+
+
+def read_prompt_files(path: str | Path, *, where: str) -> PromptSet:
     """Every prompt at ``path`` once, in file order."""
     records: dict[str, PromptRecord] = {}
     seen_at: dict[str, str] = {}
+    removed = 0
     for file in prompt_files(path, where=where):
         for row in read_prompt_rows(file):
-            record = _record(row)
+            record, dropped = _record(row)
+            removed += dropped
             first = records.setdefault(record.prompt, record)
             seen_at.setdefault(record.prompt, row.where)
             if first.metadata != record.metadata:
@@ -62,15 +76,24 @@ def read_prompt_files(path: str | Path, *, where: str) -> list[PromptRecord]:
                 )
     if not records:
         raise FlowpostError(f"{path}: no prompts found", where=where)
-    return list(records.values())
+    return PromptSet(list(records.values()), removed)
 
 
-def _record(row: PromptRow) -> PromptRecord:
-    """The row as a record: a non-empty prompt, and a ``label`` (when given) read as a digit."""
+def _record(row: PromptRow) -> tuple[PromptRecord, int]:
+    """The row as a record (a non-empty prompt without control characters, and a ``label``, when given, read
+    as a digit) and the count of control characters removed."""
     metadata = dict(row.fields)
-    prompt = metadata.pop("prompt", None)
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise FlowpostError(f"this row has no 'prompt' text: {metadata}", where=row.where)
+    if "prompt" not in metadata:
+        fields = ", ".join(map(str, metadata)) or "none"
+        raise FlowpostError(f"this row has no 'prompt' field (its fields: {fields}); add one", where=row.where)
+    raw = metadata.pop("prompt")
+    if not isinstance(raw, str):
+        raise FlowpostError(
+            f"'prompt' is {raw!r} ({type(raw).__name__}), not text; write the prompt as a string", where=row.where
+        )
+    prompt, removed = CONTROL_CHARACTERS.subn("", raw)
+    if not prompt.strip():
+        raise FlowpostError("'prompt' is blank; remove the row or write its prompt", where=row.where)
     if "label" in metadata:
         try:
             metadata["label"] = digit_label(metadata["label"])
@@ -80,4 +103,4 @@ def _record(row: PromptRow) -> PromptRecord:
                 "something else",
                 where=row.where,
             ) from None
-    return PromptRecord(prompt.strip(), metadata)
+    return PromptRecord(prompt.strip(), metadata), removed

@@ -52,14 +52,16 @@ def acquire_dataset(
 
 def acquire_prompt_files(config: DatasetConfig, out_dir: Path, *, where: str) -> dict[str, Any]:
     """Copy the prompts (with their metadata) to ``prompts.jsonl`` and list them in the manifest."""
-    records = read_prompt_files(str(config.path), where=f"{where}.path")
+    records, removed = read_prompt_files(str(config.path), where=f"{where}.path")
+    if removed:
+        log.warning("removed %d control characters from the prompts of %s", removed, config.path)
     lines = [json.dumps({"prompt": r.prompt, "metadata": r.metadata}, sort_keys=True) for r in records]
     write_bytes_atomic(out_dir / PROMPTS_FILE, ("\n".join(lines) + "\n").encode("utf-8"))
     manifest = {
         "source": config.source,
         "path": str(config.path),
         "files_fingerprint": prompt_files_fingerprint(str(config.path), where=f"{where}.path"),
-        "counts": {"prompts": len(records)},
+        "counts": {"prompts": len(records), "control_characters_removed": removed},
         "sha256": sha256_file(out_dir / PROMPTS_FILE),
         "train_prompts": [r.prompt for r in records],
         "eval_prompts": [],

@@ -18,7 +18,7 @@ WHERE = "datasets.prompts.path"
 def _folder(tmp_path: Path) -> Path:
     root = tmp_path / "prompts"
     (root / "more").mkdir(parents=True)
-    (root / "a.txt").write_text("# comment\na digit three\n\n  a digit four  \n")
+    (root / "a.txt").write_text("a digit three\n\n  a digit four  \n")
     rows = [{"prompt": "a digit five", "label": 5}, {"prompt": "a digit five", "label": 5}]
     (root / "b.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (root / "c.csv").write_text("prompt,label\na digit six,6\n")
@@ -27,7 +27,7 @@ def _folder(tmp_path: Path) -> Path:
 
 
 def test_every_format_contributes_its_prompts_with_metadata_in_file_order(tmp_path: Path) -> None:
-    records = read_prompt_files(_folder(tmp_path), where=WHERE)
+    records = read_prompt_files(_folder(tmp_path), where=WHERE).records
     assert [(r.prompt, r.metadata) for r in records] == [
         ("a digit three", {}),
         ("a digit four", {}),
@@ -40,7 +40,7 @@ def test_every_format_contributes_its_prompts_with_metadata_in_file_order(tmp_pa
 def test_a_single_file_is_a_prompt_set(tmp_path: Path) -> None:
     file = tmp_path / "one.txt"
     file.write_text("only prompt\n")
-    assert [r.prompt for r in read_prompt_files(file, where=WHERE)] == ["only prompt"]
+    assert [r.prompt for r in read_prompt_files(file, where=WHERE).records] == ["only prompt"]
 
 
 def test_the_fingerprint_follows_contents_and_names_only(tmp_path: Path) -> None:
@@ -60,7 +60,9 @@ def test_the_fingerprint_follows_contents_and_names_only(tmp_path: Path) -> None
     [
         ("bad.jsonl", '{"prompt": "ok"}\nnot json\n', r"bad\.jsonl:2: not JSON"),
         ("bad.jsonl", '["a list"]\n', r"bad\.jsonl:1: expected an object"),
-        ("bad.csv", "text,label\nhello,1\n", r"bad\.csv:2: this row has no 'prompt'"),
+        ("bad.csv", "text,label\nhello,1\n", r"bad\.csv:2: this row has no 'prompt' field \(its fields: text, label\)"),
+        ("bad.jsonl", '{"prompt": 42}\n', r"bad\.jsonl:1: 'prompt' is 42 \(int\), not text"),
+        ("bad.jsonl", '{"prompt": " \\u0000 "}\n', r"bad\.jsonl:1: 'prompt' is blank"),
         ("bad.csv", "prompt,label\na one,1,extra\n", r"bad\.csv:2: more cells than the header has columns"),
         ("bad.jsonl", '{"prompt": "a one", "label": 1.9}\n', r"bad\.jsonl:1: label 1\.9 is not an integer digit"),
         ("bad.jsonl", '{"prompt": "a one", "label": true}\n', r"bad\.jsonl:1: label True is a boolean"),
@@ -101,3 +103,36 @@ def test_a_file_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
         read_prompt_files(tmp_path, where=WHERE)
     assert str(info.value).startswith(f"{tmp_path / 'latin.txt'}:2: not UTF-8 text (byte 23: invalid")
     assert str(info.value).endswith("save the file as UTF-8")
+
+
+def _prompts(tmp_path: Path, name: str, data: bytes) -> tuple[list[str], int]:
+    (tmp_path / name).write_bytes(data)
+    read = read_prompt_files(tmp_path / name, where=WHERE)
+    return [r.prompt for r in read.records], read.control_characters_removed
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "prompts", "removed"),
+    [
+        ("bom.txt", "\ufeffa red cat\na dog\n".encode(), ["a red cat", "a dog"], 0),
+        ("bom.csv", "\ufeffprompt\na red cat\n".encode(), ["a red cat"], 0),
+        ("bom.jsonl", '\ufeff{"prompt": "a red cat"}\n'.encode(), ["a red cat"], 0),
+        ("nul.txt", b"a red\x00 cat\x07\na dog\n", ["a red cat", "a dog"], 2),
+        ("nul.jsonl", b'{"prompt": "a red\\u0000 cat\\u009b"}\n', ["a red cat"], 2),
+        ("separator.txt", "a red cat\u2028on a mat\na dog\n".encode(), ["a red cat\u2028on a mat", "a dog"], 0),
+        ("endings.txt", b"a red cat\r\na dog\ra fox\n", ["a red cat", "a dog", "a fox"], 0),
+        ("hash.txt", b"# a hashtag is a prompt too\n", ["# a hashtag is a prompt too"], 0),
+    ],
+)
+def test_prompt_text_is_read_as_written(tmp_path: Path, name: str, data: bytes, prompts: list, removed: int) -> None:
+    assert _prompts(tmp_path, name, data) == (prompts, removed)
+
+
+def test_rows_stream_one_line_at_a_time(tmp_path: Path) -> None:
+    from flowpost.data.prompt_rows import read_prompt_rows
+
+    (tmp_path / "big.txt").write_bytes(b"first prompt\n" + b"\xff never decoded before the first row\n")
+    rows = read_prompt_rows(tmp_path / "big.txt")
+    assert next(rows).fields == {"prompt": "first prompt"}  # yielded before the bad second line is read
+    with pytest.raises(FlowpostError, match=r"big\.txt:2: not UTF-8 text \(byte 13"):
+        next(rows)

@@ -20,4 +20,3 @@ def upcast_trainable(network: nn.Module) -> int:
             parameter.data = parameter.data.float()
             cast += 1
     return cast
-

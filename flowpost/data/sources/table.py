@@ -22,7 +22,7 @@ def table_rows(table: Path, *, image_column: str, where: str) -> list[PromptRow]
     """The table's rows; a missing file, another format or a missing image column is a FlowpostError."""
     if not table.is_file() or table.suffix.lower() not in SUFFIXES:
         raise FlowpostError(f"{table} is not a {'/'.join(SUFFIXES)} file; fix the path", where=where)
-    rows = read_prompt_rows(table)
+    rows = list(read_prompt_rows(table))
     if rows and image_column not in rows[0].fields:
         columns = ", ".join(rows[0].fields)
         raise FlowpostError(f"no image column {image_column!r} (columns: {columns}); set image_column", where=where)
