@@ -1,13 +1,21 @@
-"""Decode, convert, resize and crop one source image into a training image, deterministically."""
+"""Decode, convert, resize and crop one source image into a training image, deterministically.
+
+Decoding does what a person looking at the file sees: the EXIF orientation is applied, 16-bit
+grayscale is scaled to 8 bits (not clipped), transparent pixels are composited on
+``preprocess.background``, and an image over ``preprocess.max_megapixels`` is skipped before its
+pixels are read (``DECODING`` is what acquisition records in its manifest).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from flowpost.core.config.schema import PreprocessConfig
 from flowpost.data.sources.items import BadItem
@@ -18,7 +26,17 @@ NPY_MAGIC = b"\x93NUMPY"
 
 def training_image(source: Path | bytes, config: PreprocessConfig, *, name: str) -> np.ndarray:
     """float32 [C, H, W] in [0, 1] at ``config.resolution``; a BadItem when it cannot be read or converted."""
-    return prepared_image(_decoded(source), config, name=name)
+    return prepared_image(_decoded(source, config), config, name=name)
+
+
+def decoding_record(config: PreprocessConfig) -> dict[str, Any]:
+    """How images were decoded, for the dataset's manifest."""
+    return {
+        "exif_orientation": "applied",
+        "sixteen_bit": "scaled to 8 bits",
+        "alpha": f"composited on {config.background}",
+        "max_megapixels": config.max_megapixels,
+    }
 
 
 def prepared_image(image: Image.Image, config: PreprocessConfig, *, name: str) -> np.ndarray:
@@ -38,18 +56,51 @@ def prepared_image(image: Image.Image, config: PreprocessConfig, *, name: str) -
     return np.ascontiguousarray(array.reshape(side, side, -1).transpose(2, 0, 1))
 
 
-def _decoded(source: Path | bytes) -> Image.Image:
-    """The fully decoded image: a missing, foreign or truncated file is a BadItem, never a partial image."""
+def _decoded(source: Path | bytes, config: PreprocessConfig) -> Image.Image:
+    """The fully decoded image, upright, 8-bit and opaque: a missing, foreign, truncated or oversized file is
+    a BadItem, never a partial image."""
     if isinstance(source, bytes) and source.startswith(NPY_MAGIC):
-        return _array_image(source)
+        return _opaque(_array_image(source), config.background)
     try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
-            image.load()
-            return image.copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the size is checked below
+            with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+                _check_size(image.width, image.height, config)
+                image.load()
+                upright = ImageOps.exif_transpose(image)
     except FileNotFoundError:
         raise BadItem("unreadable_image", "the image file does not exist") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise BadItem("oversized_image", f"{exc}; preprocess.max_megapixels is {config.max_megapixels:g}") from None
+    except (OSError, SyntaxError, ValueError) as exc:
         raise BadItem("unreadable_image", f"not a readable image ({exc})") from None
+    return _opaque(_eight_bit(upright), config.background)
+
+
+def _check_size(width: int, height: int, config: PreprocessConfig) -> None:
+    megapixels = width * height / 1e6
+    if megapixels > config.max_megapixels:
+        raise BadItem(
+            "oversized_image",
+            f"{width}x{height} is {megapixels:.1f} megapixels, more than preprocess.max_megapixels "
+            f"{config.max_megapixels:g}; downscale it or raise the limit",
+        )
+
+
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """16- and 32-bit integer grayscale scaled to 8 bits (PIL's ``convert`` would clip it at 255)."""
+    if image.mode.startswith("I;16") or (image.mode == "I" and image.getextrema()[1] > 255):
+        array = np.asarray(image, dtype=np.float64) / 257.0
+        return Image.fromarray(np.clip(array + 0.5, 0, 255).astype(np.uint8), mode="L")
+    return image
+
+
+def _opaque(image: Image.Image, background: str) -> Image.Image:
+    """Transparent pixels composited on ``background`` (an image without alpha is returned as it is)."""
+    if image.mode not in ("RGBA", "LA", "PA", "RGBa", "La") and "transparency" not in image.info:
+        return image
+    rgba = image.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, background), rgba).convert("RGB")
 
 
 def _array_image(data: bytes) -> Image.Image:

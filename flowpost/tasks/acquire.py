@@ -31,6 +31,7 @@ from flowpost.data.digits import (
     load_digits_split,
 )
 from flowpost.data.item_progress import item_progress
+from flowpost.data.preprocess import decoding_record
 from flowpost.data.prompt_files import prompt_files_fingerprint, read_prompt_files
 from flowpost.data.shards import SHARD_SIZE, ShardWriter, write_shards
 from flowpost.data.stage_inputs import PROMPTS_FILE
@@ -97,6 +98,7 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
             "path": source_location(config),
             "files_fingerprint": source_fingerprint(config, where=where),
             "preprocess": config.preprocess.model_dump(mode="json"),
+            "decoding": decoding_record(config.preprocess),
             "counts": {name: writer.count for name, writer in writers.items()} | {"bad": bad.total},
             "bad_items": bad.manifest(),
             "shards": {name: m["shards"] for name, m in shards.items()},

@@ -9,6 +9,7 @@ from typing import Any
 
 BAD_KINDS = (
     "unreadable_image",  # missing, not an image, or truncated
+    "oversized_image",  # more pixels than preprocess.max_megapixels
     "unreadable_video",  # missing, not a video PyAV decodes, or truncated
     "short_video",  # fewer frames than frames.count at frames.fps
     "unconvertible_mode",  # a pixel mode that cannot become grayscale or RGB

@@ -25,10 +25,17 @@ def _lab_tiff() -> bytes:
     return buffer.getvalue()
 
 
+def _huge_png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (200, 200)).save(buffer, format="PNG")  # 0.04 megapixels, over the test's limit of 0.01
+    return buffer.getvalue()
+
+
 def _folder_with_one_bad_item_of_each_kind(root: Path) -> Path:
     make_image_folder(root, 40)
     bad = {
         "unreadable_image": ("truncated.png", png_bytes(3)[:40], {"text": "cut short"}),
+        "oversized_image": ("huge.png", _huge_png(), {"text": "more pixels than the limit"}),
         "unconvertible_mode": ("lab.tiff", _lab_tiff(), {"text": "a LAB image"}),  # Pillow has no LAB -> L
         "missing_caption": ("nocaption.png", png_bytes(4), {}),
         "caption_too_long": ("long.png", png_bytes(5), {"text": "x" * 81}),
@@ -47,12 +54,15 @@ def _folder_with_one_bad_item_of_each_kind(root: Path) -> Path:
 
 def test_each_kind_is_counted_in_the_manifest_and_skipped(tmp_path: Path) -> None:
     root = _folder_with_one_bad_item_of_each_kind(tmp_path / "folder")
-    config = DatasetConfig(source="image-folder", path=str(root), **GRAY, max_caption_chars=80, max_bad_fraction=0.2)
+    preprocess = {**GRAY["preprocess"], "max_megapixels": 0.01}
+    config = DatasetConfig(
+        source="image-folder", path=str(root), preprocess=preprocess, max_caption_chars=80, max_bad_fraction=0.2
+    )
     manifest = acquire_dataset(config, tmp_path / "out", where="datasets.pets")
     counts = manifest["bad_items"]["counts"]
     expected = {kind: 0 if "video" in kind else 2 if kind == "unreadable_image" else 1 for kind in BAD_KINDS}
     assert counts == expected
-    assert manifest["counts"] == {"train": 40, "eval": 0, "bad": 6}
+    assert manifest["counts"] == {"train": 40, "eval": 0, "bad": 7}
     assert len(manifest["bad_items"]["first"]) == 5 and manifest["bad_items"]["first"][0].startswith(
         "unreadable_image: "
     )
@@ -64,7 +74,7 @@ def test_past_max_bad_fraction_the_node_fails_naming_the_first_items(tmp_path: P
     root = _folder_with_one_bad_item_of_each_kind(tmp_path / "folder")
     config = DatasetConfig(source="image-folder", path=str(root), **GRAY, max_caption_chars=80)
     out = tmp_path / "out"
-    with pytest.raises(FlowpostError, match=r"6 of 46 items are bad.*max_bad_fraction 0.05.*gone.png") as info:
+    with pytest.raises(FlowpostError, match=r"6 of 47 items are bad.*max_bad_fraction 0.05.*gone.png") as info:
         acquire_dataset(config, out, where="datasets.pets")
     assert info.value.where == "datasets.pets.max_bad_fraction"
     assert not out.exists()  # nothing half-written: shards come only after every item was checked

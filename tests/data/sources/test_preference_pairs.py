@@ -82,6 +82,7 @@ def test_bad_pairs_are_counted_per_kind_naming_the_arm_and_fail_past_the_thresho
     counts = manifest["bad_items"]["counts"]
     assert counts == {
         "unreadable_image": 2,
+        "oversized_image": 0,
         "unreadable_video": 0,
         "short_video": 0,
         "unconvertible_mode": 0,

@@ -24,7 +24,7 @@ REPO = Path(__file__).parents[3]
 RECORD_LIST_HASHES = {
     "eval/manifest.json": "ee28aefece74ae408cdb3ae480ebef4c5201cb8e798ee7a50d7936a68ff1650f",
     "eval/shard-000000.tar": "4d7380ef2b75f63caf3e5d6983bbd0d2be2e22c30f3b43d65a19b4ade9c668e5",
-    "manifest.json": "e7226bfaed9a3bb8dcfd58e37724f9595240faa5179626ccb014b4684d3210a6",
+    "manifest.json": "6d93ff2e02ca304f0c0a82f451f9eadd98050e4c7b15a863afad4d177a00fbb0",
     "train/manifest.json": "8ff2c73503ed524468663e418ec5c344fec9fed7bc3ac956a3b9ff2712a91e69",
     "train/shard-000000.tar": "922ae19897f5421c7b7595ac6ecbf3afd5e749c57e66cac60c52e54bccf07e35",
 }

@@ -80,6 +80,7 @@ def test_each_bad_kind_is_counted_and_past_the_threshold_the_node_fails(tmp_path
     manifest = acquire_dataset(config, tmp_path / "out", where="datasets.clips")
     assert manifest["bad_items"]["counts"] == {
         "unreadable_image": 0,
+        "oversized_image": 0,
         "unreadable_video": 3,  # truncated, not a video, missing
         "short_video": 1,
         "unconvertible_mode": 0,
