@@ -78,9 +78,10 @@ def test_a_stage_builds_the_qwen_image_adapter_at_its_resolution(tiny_pipeline, 
     assert isinstance(adapter, QwenImageAdapter) and adapter.resolution == 32 and adapter.latent_shape == (64, 64)
 
 
-def test_a_family_sized_by_its_transformer_rejects_resolution(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
-    model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "options": {"resolution": 32}}
-    with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.options: family 'sd3' has no option resolution"):
+def test_an_option_of_another_family_is_refused(tiny_pipeline, sd3_pipeline_dir, tmp_path) -> None:
+    model = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "options": {"distilled_guidance": 3.5}}
+    message = r"stages\.sft\.model\.options: family 'sd3' has no option distilled_guidance; accepted: resolution"
+    with pytest.raises(FlowpostError, match=message):
         sft_adapter(with_model(tiny_pipeline, model), tmp_path)
 
 

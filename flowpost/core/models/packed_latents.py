@@ -22,7 +22,7 @@ class PackedLatentFamily(PipelineFamily):
     """A transformer reading VAE latents as 2x2 patches, ``[tokens, 4 * channels]``, at a square
     ``resolution``; packing and unpacking are the stock pipeline's own (``pipeline_class``)."""
 
-    options: ClassVar[tuple[str, ...]] = ("resolution",)
+    options: ClassVar[tuple[str, ...]] = ("resolution", "gradient_checkpointing")
 
     def __init__(
         self,
