@@ -50,14 +50,15 @@ def source_fingerprint(config: DatasetConfig, *, where: str) -> str:
         return hub_fingerprint(config.hub, where=f"{where}.hub")
     assert config.path is not None
     path, at = Path(config.path), f"{where}.path"
+    outside = config.allow_outside
     if config.source == PAIRS:
         columns = {"chosen_column": config.chosen_column, "rejected_column": config.rejected_column}
-        return pairs_fingerprint(path, **columns, where=at)
+        return pairs_fingerprint(path, **columns, where=at, allow_outside=outside)
     if config.source == "table":
-        return table_fingerprint(path, image_column=config.image_column, where=at)
+        return table_fingerprint(path, image_columns=(config.image_column,), where=at, allow_outside=outside)
     if config.source == "hf-dataset":
         return saved_fingerprint(path, where=at)
-    return folder_fingerprint(path, where=at)
+    return folder_fingerprint(path, where=at, allow_outside=outside)
 
 
 def source_location(config: DatasetConfig) -> str:
@@ -90,14 +91,16 @@ def source_items(config: DatasetConfig, *, where: str) -> Iterator[SourceItem | 
         return hf_items(path=path, hub=config.hub, **columns, where=where)
     assert config.path is not None
     path, at = Path(config.path), f"{where}.path"
+    outside = config.allow_outside
     if config.source == PAIRS:
         columns = {"chosen_column": config.chosen_column, "rejected_column": config.rejected_column}
-        return pair_items(path, caption_column=captions, **columns, where=at)
+        return pair_items(path, caption_column=captions, **columns, where=at, allow_outside=outside)
     if config.source == "table":
-        return table_items(path, caption_column=captions, image_column=config.image_column, where=at)
+        columns = {"caption_column": captions, "image_column": config.image_column}
+        return table_items(path, **columns, where=at, allow_outside=outside)
     if config.source == "video-folder":
-        return video_items(path, caption_column=captions, where=at)
-    return folder_items(path, caption_column=captions, where=at)
+        return video_items(path, caption_column=captions, where=at, allow_outside=outside)
+    return folder_items(path, caption_column=captions, where=at, allow_outside=outside)
 
 
 def captioned_records(config: DatasetConfig, bad: BadItems, *, where: str) -> Iterator[tuple[str, Record]]:

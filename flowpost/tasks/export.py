@@ -97,7 +97,7 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"- Text encoder: {manifest['encoder']['name']} (package `{manifest['encoder']['package']}`, "
         f"max length {manifest['encoder']['max_length']} tokens)",
         f"- Output codec: {model['output_codec']}",
-        f"- Schedule: flow matching, shift {model['schedule']['shift']}, velocity = noise - x0",
+        f"- Schedule: flow matching, {_shift_words(model['schedule'])}, velocity = noise - x0",
         f'- Sample: `flowpost sample {{this folder}} --prompt "a handwritten digit seven" -n 16 '
         f"--out {_sample_file(model)}`",
     ]
@@ -123,6 +123,18 @@ def _lora_lines(model: dict[str, Any]) -> list[str]:
         line + f"on the weights in `{lora.get('base')}/` (`{_transformer_class(model)}.from_pretrained`): "
         '`transformer.load_lora_adapter("lora", prefix="transformer", use_safetensors=True)`'
     ]
+
+
+def _shift_words(schedule: dict[str, Any]) -> str:
+    """The sigma shift: constant, or dynamic (``mu`` from the image token count) with unshifted training sigmas."""
+    dynamic = schedule.get("dynamic_shift")
+    if not dynamic:
+        return f"shift {schedule['shift']}"
+    return (
+        f"sampling shifted by mu from the image token count (base_shift {dynamic['base_shift']} at "
+        f"{dynamic['base_seq_len']} tokens, max_shift {dynamic['max_shift']} at {dynamic['max_seq_len']}), "
+        f"training sigmas shift {schedule['shift']}"
+    )
 
 
 def _sample_file(model: dict[str, Any]) -> str:

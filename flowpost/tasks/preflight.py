@@ -12,6 +12,7 @@ from flowpost.core.config.schema import ModelConfig, PipelineConfig, StageConfig
 from flowpost.core.memory import GIB, MemoryEstimate, estimate_memory
 from flowpost.core.models.footprint import ModelFootprint, model_footprint
 from flowpost.core.models.pipeline_family import PipelineFamily
+from flowpost.core.models.precision import upcast_trainable
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.trainers.arguments import OnlineArguments, TrainerArguments
@@ -97,6 +98,7 @@ def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
     if lora is not None:
         with torch.device("meta"):
             adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
+    upcast_trainable(adapter.trainable_network())  # as the trainer keeps them: fp32 over a half-precision base
     return model_footprint(adapter)
 
 

@@ -4,8 +4,12 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from flowpost.core.sampling.checks import STEP_STD_BOUND, check_sde_steps, sde_step_problems
+from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.sampling.ode import euler_step
 from flowpost.core.sampling.schedules import inference_sigmas, logit_normal_sigmas, shift_sigmas
+from flowpost.core.sampling.sde import step_std
+from flowpost.errors import FlowpostError
 
 # -- schedules ------------------------------------------------------------------------------------
 
@@ -158,3 +162,50 @@ def test_euler_integration_of_constant_velocity_reaches_data() -> None:
     for sigma, sigma_next in zip(sigmas[:-1], sigmas[1:], strict=True):
         sample = euler_step(noise - x0, sample, sigma, sigma_next)
     torch.testing.assert_close(sample, x0, rtol=0, atol=1e-5)
+
+
+# -- load-time checks of SDE steps ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"steps": 10}, range(0, 9)),
+        ({"steps": 10, "window": 3}, range(0, 9)),
+        ({"steps": 10, "window": 3, "window_start": (2, 4)}, range(2, 7)),
+        ({"steps": 6, "window": 1, "window_start": (2, 2)}, range(2, 3)),
+    ],
+)
+def test_sde_steps_are_every_step_a_window_may_hold(settings: dict, expected: range) -> None:
+    assert SamplingConfig.model_validate(settings).sde_steps == expected
+
+
+@pytest.mark.parametrize("dynamics", ["flow-sde", "dance-sde", "cps"])
+@pytest.mark.parametrize("noise_level", [0.3, 0.7, 1.0, 1.5])
+@pytest.mark.parametrize("shift", [1.0, 3.0, 10.0])
+@pytest.mark.parametrize("steps", [5, 10, 50])
+def test_healthy_grids_pass_the_step_check(dynamics: str, noise_level: float, shift: float, steps: int) -> None:
+    sampling = SamplingConfig(dynamics=dynamics, noise_level=noise_level, steps=steps)
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    scheduler.set_timesteps(steps)
+    for sigmas in (inference_sigmas(steps, shift=shift), scheduler.sigmas.float()):
+        assert sde_step_problems(sigmas, sampling, needs_noise=True) == []
+
+
+def test_a_first_sigma_near_but_not_at_one_is_named_with_its_std() -> None:
+    sigmas = inference_sigmas(10, shift=3.0)
+    sigmas[0] = 1.0 - 3e-4
+    (problem,) = sde_step_problems(sigmas, SamplingConfig(), needs_noise=False)
+    assert "step 0 (0.9997 -> " in problem and "window_start" in problem and "step 1 " not in problem
+    assert STEP_STD_BOUND * 0.7 < float(step_std("flow-sde", sigmas[0], sigmas[1], 0.7))
+    assert sde_step_problems(sigmas, SamplingConfig(window=2, window_start=(1, 7)), needs_noise=False) == []
+    with pytest.raises(FlowpostError, match=r"^stages\.grpo\.sampling: .*step 0") as raised:
+        check_sde_steps(sigmas, SamplingConfig(), stage="grpo", needs_noise=True)
+    assert raised.value.where == "stages.grpo.sampling"
+
+
+def test_zero_std_is_a_problem_only_where_noise_is_needed() -> None:
+    sigmas, ode = inference_sigmas(10), SamplingConfig(dynamics="ode")
+    assert sde_step_problems(sigmas, ode, needs_noise=False) == []
+    (problem,) = sde_step_problems(sigmas, ode, needs_noise=True)
+    assert "zero transition std" in problem

@@ -5,10 +5,18 @@ import math
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
+from one_device import OneDevice
 from torch.distributions import Normal, kl_divergence
 
 from flowpost.core.sampling.schedules import inference_sigmas
-from flowpost.core.sampling.sde import DYNAMICS, gaussian_kl_mean, noise_scale, sde_step, step_std
+from flowpost.core.sampling.sde import (
+    DYNAMICS,
+    SIGMA_ONE_TOLERANCE,
+    gaussian_kl_mean,
+    noise_scale,
+    sde_step,
+    step_std,
+)
 
 STOCHASTIC = ("flow-sde", "dance-sde", "cps")
 SHAPE = (3, 4, 6, 5)
@@ -104,6 +112,49 @@ def test_flow_sde_at_sigma_one_uses_next_sigma_in_denominator() -> None:
     assert math.isfinite(g)
     assert g == pytest.approx(a * math.sqrt(1.0 / (1.0 - sigma_next)), rel=1e-6)
     assert bool(out.mean.isfinite().all()) and bool(out.log_prob.isfinite().all())
+
+
+UNIPC_FIRST = float(torch.tensor(1.0 - 1e-6, dtype=torch.float32))  # diffusers' UniPC flow grids start here
+
+
+@pytest.mark.parametrize("sigma", [UNIPC_FIRST, 1.0 - SIGMA_ONE_TOLERANCE])
+def test_flow_sde_just_below_sigma_one_is_the_sigma_one_step(sigma: float) -> None:
+    a, sigma_next = 0.7, 0.9643
+    scale = float(noise_scale("flow-sde", sigma, sigma_next, a))
+    assert scale == pytest.approx(a * math.sqrt(sigma / (1.0 - sigma_next)), rel=1e-6)
+    assert float(step_std("flow-sde", sigma, sigma_next, a)) == pytest.approx(a, rel=1e-3)  # not ~131
+
+
+def test_flow_sde_outside_the_tolerance_keeps_its_own_denominator() -> None:
+    sigma = 1.0 - 10 * SIGMA_ONE_TOLERANCE  # 1 - sigma is rounded in fp32
+    expected = 0.7 * math.sqrt(sigma / (1 - sigma))
+    assert float(noise_scale("flow-sde", sigma, 0.9, 0.7)) == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.parametrize(("steps", "shift"), [(10, 1.0), (10, 3.0), (50, 5.0), (1000, 3.0)])
+def test_flow_sde_scale_is_unchanged_on_grids_starting_at_one(steps: int, shift: float) -> None:
+    """Bit for bit: exactly 1 as before, every other sigma by ``a sqrt(sigma / (1 - sigma))``."""
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    scheduler.set_timesteps(steps)
+    for sigmas in (scheduler.sigmas.float(), inference_sigmas(steps, shift=shift)):
+        sigma, sigma_next = sigmas[:-2], sigmas[1:-1]
+        before = torch.where(sigma >= 1.0, 1.0 - sigma_next, 1.0 - sigma)
+        assert torch.equal(noise_scale("flow-sde", sigma, sigma_next, 0.7), 0.7 * torch.sqrt(sigma / before))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_nudged_first_step_replays_exactly_and_stays_on_the_latents_device(dtype: torch.dtype) -> None:
+    x, v = _inputs(dtype=dtype)
+    per_sample = torch.full((SHAPE[0],), UNIPC_FIRST), torch.full((SHAPE[0],), 0.9643)
+    out = sde_step("flow-sde", v, x, *per_sample, noise=_noise())
+    replay = sde_step("flow-sde", v, x, *per_sample, prev_sample=out.prev_sample)
+    assert out.prev_sample.dtype == dtype and out.std.dtype == torch.float32
+    assert torch.equal(replay.log_prob, out.log_prob) and bool(out.log_prob.isfinite().all())
+    assert float(out.std.max()) < 1.0
+    meta = torch.device("meta")
+    with OneDevice():
+        on_meta = sde_step("flow-sde", v.to(meta), x.to(meta), *per_sample, noise=_noise().to(meta))
+    assert {t.device for t in (on_meta.prev_sample, on_meta.mean, on_meta.std, on_meta.log_prob)} == {meta}
 
 
 def test_dance_sde_is_flow_sde_formula_with_constant_scale() -> None:

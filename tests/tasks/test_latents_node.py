@@ -104,7 +104,14 @@ def test_the_node_encodes_each_training_record_once_and_is_reused(tmp_path: Path
     train_dir = run.path("acquire.shapes") / "train"
     manifest, latents = read_latent_cache(result.path, train_dir)
     assert manifest["codec_fingerprint"] == TinySD3Adapter.from_scratch(seed=1).codec_fingerprint()
-    assert manifest["preprocess"] == {"resolution": 16, "crop": "center", "mode": "grayscale", "seed": 0}
+    assert manifest["preprocess"] == {
+        "resolution": 16,
+        "crop": "center",
+        "mode": "grayscale",
+        "seed": 0,
+        "background": "white",
+        "max_megapixels": 100.0,
+    }
     records = read_shards(train_dir, read_json(train_dir / "manifest.json"))
     assert [r.key for r in latents] == [r.key for r in records] and len(set(manifest["item_hashes"])) == len(records)
     for record, cached in zip(records, latents, strict=True):

@@ -116,10 +116,16 @@ def test_the_published_flux_shape_fits_80_gib_with_lora_not_fully_fine_tuned(tmp
     [full] = stage_memory(validate_pipeline(_shape_pipeline(tmp_path, None)))
     assert full.footprint is not None and full.estimate is not None
     assert round(full.footprint.parameters / 1e9, 2) == 11.90 and full.footprint.trainable == full.footprint.parameters
-    assert full.estimate.optimizer == 2 * full.estimate.gradients == 4 * full.footprint.parameters  # bf16 AdamW
+    # fully trained: fp32 master weights, gradients and AdamW moments, whatever torch_dtype loads
+    assert full.footprint.weight_bytes == full.footprint.trainable_bytes == 4 * full.footprint.parameters
+    assert full.estimate.optimizer == 2 * full.estimate.gradients == 8 * full.footprint.parameters
     assert [warning.split(":")[0] for warning in over_budget([full], 80)] == ["stages.grpo"]
     [lora] = stage_memory(validate_pipeline(_shape_pipeline(tmp_path, {"rank": 32})))
     assert lora.footprint is not None and lora.footprint.trainable < full.footprint.parameters / 100
+    assert lora.footprint.trainable_bytes == 4 * lora.footprint.trainable  # fp32 adapters over the bf16 base
+    assert lora.footprint.weight_bytes == 2 * (lora.footprint.parameters - lora.footprint.trainable) + 4 * (
+        lora.footprint.trainable
+    )
     assert over_budget([lora], 80) == []
 
 

@@ -144,13 +144,47 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         problems += _role_problems(name, stage, arguments)
         problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
         problems += _guard_problems(name, stage, arguments, pipeline.datasets)
+        problems += _stage_model_problems(name, stage)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
-    if problems := _metric_problems(pipeline) + _curve_problems(pipeline):
+    if problems := _cache_model_problems(pipeline) + _metric_problems(pipeline) + _curve_problems(pipeline):
         raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     for warning in judge_reward_warnings(pipeline):
         log.warning("%s: %s", source, warning)
     return pipeline
+
+
+def _stage_model_problems(name: str, stage: StageConfig) -> list[str]:
+    """The stage's ``model.options`` and local ``model.pretrained`` folder, against its family."""
+    from flowpost.core.models.folder_checks import model_problems
+    from flowpost.core.models.registry import FAMILIES
+
+    model = stage.model
+    if model.family not in FAMILIES:  # _stage_problems names it
+        return []
+    where = f"stages.{name}.model"
+    return model_problems(where, model.family, model.pretrained, options=model.options, components=model.components)
+
+
+def _cache_model_problems(pipeline: PipelineConfig) -> list[str]:
+    """The models filling condition caches (their text encoders) and latent caches (their codec), against
+    their families."""
+    from flowpost.core.models.folder_checks import model_problems
+
+    problems = []
+    for key, cache in pipeline.conditions.items():
+        if (encoders := cache.model) is not None:
+            where = f"conditions.{key}.model"
+            problems += model_problems(
+                where, encoders.family, encoders.pretrained, components=encoders.components, encoders_only=True
+            )
+    for key, latents in pipeline.latents.items():
+        codec = latents.model
+        where = f"latents.{key}.model"
+        problems += model_problems(
+            where, codec.family, codec.pretrained, options=codec.options, components=codec.components
+        )
+    return problems
 
 
 def _metric_problems(pipeline: PipelineConfig) -> list[str]:
@@ -331,27 +365,22 @@ def _distillation_problems(
 
 
 def _sampling_problems(name: str, stage: StageConfig, paradigm: Paradigm) -> list[str]:
-    """A coupled trainer scores transition densities: every trainable step needs a nonzero std.
+    """A coupled trainer scores transition densities: every trainable step needs a positive, bounded std.
 
-    A std below fp32 resolution of a unit-scale latent counts as zero (CPS with an even ``noise_level``
-    gives ``sin(k pi)``, zero up to rounding).
+    Checked here on the generic grid (``inference_sigmas`` at ``model.shift``), before any model is read;
+    the rollout engine checks every stage again on its family's own scheduler grid at load
+    (``core/sampling/checks.py``).
     """
     if paradigm is not Paradigm.COUPLED:
         return []
-    import torch
-
+    from flowpost.core.sampling.checks import sde_step_problems
     from flowpost.core.sampling.schedules import inference_sigmas
-    from flowpost.core.sampling.sde import step_std
 
     sampling = stage.sampling or SamplingConfig()
     sigmas = inference_sigmas(sampling.steps, shift=stage.model.shift)
-    std = step_std(sampling.dynamics, sigmas[:-2], sigmas[1:-1], sampling.noise_level)
-    if bool((std > torch.finfo(torch.float32).eps).all()):
-        return []
     return [
-        f"stages.{name}.sampling: trainer {stage.trainer!r} trains on SDE transition densities, and dynamics "
-        f"{sampling.dynamics!r} with noise_level {sampling.noise_level} gives its steps zero transition std; "
-        "use flow-sde, dance-sde or cps with a noise_level that gives a positive std (e.g. flow-sde with 0.7)"
+        f"stages.{name}.sampling: trainer {stage.trainer!r} trains on SDE transition densities, and {problem}"
+        for problem in sde_step_problems(sigmas, sampling, needs_noise=True)
     ]
 
 

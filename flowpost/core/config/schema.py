@@ -41,12 +41,12 @@ CAPTIONED = ("caption_column", "preprocess", "split", "max_caption_chars", "max_
 SOURCE_FIELDS: dict[str, tuple[str, ...]] = {  # the fields each source reads besides source, path and split_seed
     "builtin-digits": ("image_size", "test_fraction"),
     "prompt-files": (),
-    "image-folder": CAPTIONED,
-    "table": (*CAPTIONED, "image_column"),
+    "image-folder": (*CAPTIONED, "allow_outside"),
+    "table": (*CAPTIONED, "image_column", "allow_outside"),
     "webdataset": (*CAPTIONED, "shards", "image_keys", "caption_keys"),
     "hf-dataset": (*CAPTIONED, "image_column", "hub"),
-    "video-folder": (*CAPTIONED, "frames"),
-    "preference-pairs": (*CAPTIONED, "chosen_column", "rejected_column"),
+    "video-folder": (*CAPTIONED, "frames", "allow_outside"),
+    "preference-pairs": (*CAPTIONED, "chosen_column", "rejected_column", "allow_outside"),
     "teacher-trajectories": ("trajectories",),
     "sampled-pairs": ("sample",),
 }
@@ -67,6 +67,12 @@ class PreprocessConfig(StrictModel):
     )
     mode: Literal["grayscale", "rgb"] = Field("rgb", description="the model's channels: 1 (grayscale) or 3 (rgb)")
     seed: int = Field(0, description="with crop: random, the seed the per-item crop offsets derive from")
+    background: Literal["white", "black"] = Field(
+        "white", description="the colour transparent pixels are composited on (their hidden colour never shows)"
+    )
+    max_megapixels: float = Field(
+        100.0, gt=0, description="larger images are skipped as bad items (oversized_image) before they are decoded"
+    )
 
 
 class SplitConfig(StrictModel):
@@ -155,6 +161,11 @@ class DatasetConfig(StrictModel):
         "Relative to the working directory; its contents are a source fingerprint",
     )
     sample: SampledPairsConfig | None = Field(None, description="sampled-pairs: the stage, prompts and ranking")
+    allow_outside: bool = Field(
+        False,
+        description="folders and tables: image paths may leave the dataset's folder (absolute, '..', a symlink out); "
+        "off, such a path is an error",
+    )
     chosen_column: str = Field("chosen", description="preference-pairs table: the preferred image's field")
     rejected_column: str = Field("rejected", description="preference-pairs table: the dispreferred image's field")
     image_size: int = Field(16, ge=8, le=64, multiple_of=4)
@@ -367,8 +378,9 @@ class ModelConfig(PretrainedOptions):
     pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="with pretrained: the family's own options (wan2: height, width, num_frames, fps, vae_tiling, "
-        "gradient_checkpointing; flux1: resolution, distilled_guidance; qwen-image: resolution, cfg_norm)",
+        description="with pretrained: the family's own options (every family: gradient_checkpointing; sd3: "
+        "resolution; wan2: height, width, num_frames, fps, vae_tiling; flux1: resolution, distilled_guidance; "
+        "qwen-image: resolution, cfg_norm)",
     )
     attention: str = Field(
         DEFAULT_ATTENTION,
@@ -562,7 +574,8 @@ class StageConfig(StrictModel):
 
     def arguments(self, *, smoke: bool = False, where: str = "trainer") -> TrainerArguments:
         """The validated ``train:`` section as the trainer's arguments class."""
-        args = arguments_class(self.trainer, where=where).model_validate(self.train)
+        arguments = arguments_class(self.trainer, where=where)
+        args = arguments.model_validate(arguments.for_family(self.train, self.model.family))
         return args.smoke() if smoke else args
 
 

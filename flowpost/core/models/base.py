@@ -40,6 +40,7 @@ class ModelAdapter(ABC):
     shift: float = 1.0  # the constant sigma shift of training and (by default) inference sigmas
     fps: int = 16  # frames per second a video family's samples are written at
     options: ClassVar[tuple[str, ...]] = ()  # the constructor options ``model.options`` may set
+    guidance_distilled: ClassVar[bool] = False  # no unconditional branch trained (sampled without CFG): FLUX.1
     variants: ComponentVariants | None = None  # the trainable roles, once declared
     compile_settings: tuple[bool, dict[str, Any]] | None = None  # (regional, torch.compile options) once compiled
 

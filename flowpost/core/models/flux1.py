@@ -33,6 +33,7 @@ class Flux1Adapter(PackedLatentFamily):
     default_encoder_max_length: ClassVar[int] = T5_MAX_LENGTH
     options: ClassVar[tuple[str, ...]] = (*PackedLatentFamily.options, "distilled_guidance")
     pipeline_class: ClassVar[str] = "FluxPipeline"
+    guidance_distilled: ClassVar[bool] = True  # dev embeds the guidance scale, schnell is step-distilled: no CFG
     text_models: ClassVar[tuple[tuple[str, str], ...]] = (
         ("CLIPTextModel", "CLIPTokenizer"),
         ("T5EncoderModel", "T5TokenizerFast"),

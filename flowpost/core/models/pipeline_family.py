@@ -4,9 +4,12 @@ inference sigmas."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from abc import abstractmethod
 from functools import cached_property
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ClassVar, Self
 
 import numpy as np
@@ -23,6 +26,16 @@ from flowpost.core.models.text_state import TextState
 from flowpost.core.models.transformer_adapter import TransformerAdapter
 from flowpost.core.sampling.schedules import flux_shift_mu
 from flowpost.errors import FlowpostError
+
+HALF_PRECISION = ("bfloat16", "float16")
+# The first diffusers release with every class and call the families use (pyproject's floor): qwen-image's
+# transformer takes its text length from the mask, without ``txt_seq_lens``, from 0.37 on.
+DIFFUSERS_FLOOR = "0.37"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``major.minor`` of a version string as integers (``0.37.0.dev0`` -> ``(0, 37)``)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
 
 
 class PipelineFamily(TransformerAdapter):
@@ -52,24 +65,48 @@ class PipelineFamily(TransformerAdapter):
         super().__init__(transformer)
         self.scheduler = scheduler
         self.source = source
+        if source.torch_dtype in HALF_PRECISION:  # frozen weights in half precision: the network computes in it
+            self.compute_dtype = getattr(torch, source.torch_dtype)
         self.shift = self.scheduler_shift(scheduler.config)
         self.encoder_max_length = encoder_max_length or self.default_encoder_max_length
+        self.gradient_checkpointing = gradient_checkpointing
         self.set_gradient_checkpointing(gradient_checkpointing)
 
     @staticmethod
     def scheduler_shift(config: Any) -> float:
-        """The scheduler's constant sigma shift (flow-match Euler's ``shift``)."""
-        return float(config.shift)
+        """The constant sigma shift of training sigmas: flow-match Euler's ``shift``, or 1 when the scheduler
+        shifts dynamically (diffusers then ignores ``shift``: sampling shifts by ``mu`` from the image token
+        count, and the stock training table and training scripts use unshifted sigmas)."""
+        return 1.0 if config.get("use_dynamic_shifting") else float(config.shift)
 
     @classmethod
     def from_scratch(cls, *, seed: int, shift: float = 1.0, overrides: dict | None = None) -> Self:
         raise FlowpostError(f"the {cls.family} family starts from pretrained weights: set it", where="model.pretrained")
 
     @classmethod
-    def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
-        """The transformer (``weights=False``: on the meta device, from its config) and the scheduler."""
+    def diffusers_module(cls) -> ModuleType:
+        """The installed diffusers, refused (naming this family and the release it needs) when it predates
+        ``DIFFUSERS_FLOOR`` or lacks one of the family's classes."""
         import diffusers
 
+        need = f"{cls.family} needs diffusers >= {DIFFUSERS_FLOOR}"
+        if _release(diffusers.__version__) < _release(DIFFUSERS_FLOOR):
+            raise FlowpostError(
+                f"{need}, installed is {diffusers.__version__}; pip install -U 'diffusers>={DIFFUSERS_FLOOR}'",
+                where="model.family",
+            )
+        missing = [name for name in (cls.transformer_class, cls.pipeline_class) if not hasattr(diffusers, name)]
+        if missing:
+            raise FlowpostError(
+                f"the installed diffusers {diffusers.__version__} has no {', '.join(missing)}: {need}",
+                where="model.family",
+            )
+        return diffusers
+
+    @classmethod
+    def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
+        """The transformer (``weights=False``: on the meta device, from its config) and the scheduler."""
+        diffusers = cls.diffusers_module()
         transformer = cls._transformer(source, getattr(diffusers, cls.transformer_class), weights=weights)
         return transformer, source.load("scheduler", diffusers.FlowMatchEulerDiscreteScheduler, weights=False)
 
@@ -99,7 +136,7 @@ class PipelineFamily(TransformerAdapter):
         meta = read_json(Path(path) / ADAPTER_FILE, what="model adapter manifest")
         source = PretrainedSource(**meta["pretrained"])
         own = PretrainedSource(str(path), torch_dtype=source.torch_dtype)
-        options = {name: meta[name] for name in cls.options}
+        options = {name: meta[name] for name in cls.options if name in meta}  # older manifests lack newer options
         return cls(*cls._load(own), source, encoder_max_length=int(meta["encoder_max_length"]), **options)
 
     def save_pretrained(self, path: str | Path) -> None:
@@ -130,6 +167,14 @@ class PipelineFamily(TransformerAdapter):
     def describe(self) -> dict[str, Any]:
         description = super().describe()
         description["schedule"]["scheduler"] = type(self.scheduler).__name__
+        config = self.scheduler.config
+        if config.get("use_dynamic_shifting"):  # sampling's mu, from the image token count (see scheduler_sigmas)
+            description["schedule"]["dynamic_shift"] = {
+                "base_shift": config.base_shift,
+                "max_shift": config.max_shift,
+                "base_seq_len": config.base_image_seq_len,
+                "max_seq_len": config.max_image_seq_len,
+            }
         options = {name: getattr(self, name) for name in self.options}
         return {
             **description,
@@ -164,9 +209,12 @@ class PipelineFamily(TransformerAdapter):
 
     @cached_property
     def vae(self) -> torch.nn.Module:
+        """The source's VAE in fp32 whatever ``torch_dtype`` is, as the reference trainers keep it: rewards score
+        what it decodes and training reads what it encodes."""
         import diffusers
 
-        return self.source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
+        source = dataclasses.replace(self.source, torch_dtype="float32")
+        return source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
 
     def vae_on(self, device: torch.device) -> torch.nn.Module:
         """The VAE on ``device``, moved only when it is elsewhere (``Module.to`` walks every module, each step)."""
@@ -176,15 +224,15 @@ class PipelineFamily(TransformerAdapter):
         return vae
 
     def codec_fingerprint(self) -> str:
-        """The family, its codec, the VAE's files, the dtype they load in and the family's options (its
-        resolution or frame count shape the latents)."""
-        options = {name: getattr(self, name) for name in self.options}
+        """The family, its codec, the VAE's files, the dtype it runs in and the family's options (its
+        resolution or frame count shape the latents; gradient checkpointing does not)."""
+        options = {name: getattr(self, name) for name in self.options if name != "gradient_checkpointing"}
         return sha256_json(
             {
                 "family": self.family,
                 "codec": self.output_codec,
                 "vae": self.source.component_fingerprint("vae"),
-                "torch_dtype": self.source.torch_dtype,
+                "vae_dtype": "float32",
                 "options": options,
             }
         )

@@ -4,6 +4,7 @@ components optionally replaced one by one by folders of their own."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,17 @@ from flowpost.errors import FlowpostError
 
 CONFIG_FILES = ("config.json", "scheduler_config.json")  # where a component folder names its class
 COMPONENT_LIBRARIES = ("diffusers", "transformers")  # the only modules a model_index.json may name
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+
+
+def is_hub_id(path: str) -> bool:
+    """``path`` names a hub repository: no such local path, and it reads ``owner/name``."""
+    if HUB_ID.match(path) is None or ".." in path:
+        return False
+    try:
+        return not Path(path).exists()
+    except OSError:  # a name too long for a path
+        return True
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,12 @@ class PretrainedSource:
         if where is not None:
             self._check_override(name, Path(where), loader)
         else:
+            if not Path(self.path).is_dir() and not is_hub_id(self.path):
+                raise FlowpostError(
+                    "the pipeline folder does not exist or is a file; give a diffusers pipeline folder or a hub "
+                    "id (owner/name)",
+                    where=self.path,
+                )
             if Path(self.path).is_dir() and not (Path(self.path) / name).is_dir():
                 raise FlowpostError(
                     f"the diffusers pipeline folder has no {name!r} component ({name}/)", where=self.path

@@ -46,6 +46,7 @@ class Wan2Adapter(PipelineFamily):
         "gradient_checkpointing",
     )
     pipeline_class: ClassVar[str] = "WanPipeline"
+    scheduler_classes: ClassVar[tuple[str, ...]] = SCHEDULERS  # what `flowpost validate` accepts in a folder
     text_models: ClassVar[tuple[tuple[str, str], ...]] = (("UMT5EncoderModel", "AutoTokenizer"),)
 
     def __init__(
@@ -90,8 +91,7 @@ class Wan2Adapter(PipelineFamily):
     def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
         """The transformer (``weights=False``: on the meta device), and the scheduler of the class its config
         names (Wan ships UniPC or flow-match Euler)."""
-        import diffusers
-
+        diffusers = cls.diffusers_module()
         transformer = cls._transformer(source, diffusers.WanTransformer3DModel, weights=weights)
         name = source.config("scheduler", diffusers.FlowMatchEulerDiscreteScheduler).get("_class_name")
         if name not in SCHEDULERS:

@@ -34,7 +34,7 @@ class Sharded(Replicated):
             self._whole.module().to("cpu")
         model = super().prepare(adapter, device)
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        # fp32 shards (the trainer upcast the trainable weights), gathered in the compute dtype, gradients reduced in fp32
+        # fp32 shards (the trainer upcast what it trains), gathered in the compute dtype, gradients reduced in fp32
         policy = MixedPrecisionPolicy(param_dtype=adapter.compute_dtype, reduce_dtype=torch.float32)
         for unit in adapter.shard_units():
             fully_shard(unit, mesh=mesh, mp_policy=policy)

@@ -22,6 +22,12 @@ DYNAMICS = ("ode", "flow-sde", "dance-sde", "cps")
 
 _HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 
+SIGMA_ONE_TOLERANCE = 1e-5
+"""A sigma this close to 1 is pure noise to Flow-SDE. diffusers' UniPC flow grids (Wan) start at
+``1 - 1e-6`` (fp32 ``0.99999899``), where ``sigma / (1 - sigma)`` would give ``g ~ 700``. The second
+sigma of a shifted ``N``-step grid sits about ``1 / (N shift)`` below 1, outside the tolerance while
+``N shift < 1e5``, so every other step keeps its ``g``."""
+
 
 @dataclass(frozen=True)
 class StepOutput:
@@ -44,8 +50,9 @@ def _check_dynamics(dynamics: str) -> None:
 
 
 def _flow_sde_scale(sigma: Tensor, sigma_next: Tensor, noise_level: float) -> Tensor:
-    """Flow-GRPO's ``g = a sqrt(sigma / (1 - sigma))``; the denominator is ``1 - sigma_next`` at sigma = 1."""
-    denominator = torch.where(sigma >= 1.0, 1.0 - sigma_next, 1.0 - sigma)
+    """Flow-GRPO's ``g = a sqrt(sigma / (1 - sigma))``; the denominator is ``1 - sigma_next`` wherever
+    sigma counts as 1 (``sigma >= 1 - SIGMA_ONE_TOLERANCE``)."""
+    denominator = torch.where(sigma >= 1.0 - SIGMA_ONE_TOLERANCE, 1.0 - sigma_next, 1.0 - sigma)
     return noise_level * torch.sqrt(sigma / denominator)
 
 
@@ -61,7 +68,8 @@ def noise_scale(dynamics: str, sigma: Tensor | float, sigma_next: Tensor | float
     """Flow-GRPO's ``std_dev_t`` of one step (fp32, the broadcast shape of the sigmas).
 
     The SDE's diffusion coefficient ``g``, the transition std without its ``sqrt(sigma - sigma_next)``
-    factor: ``ode``: 0; ``flow-sde``: ``noise_level * sqrt(sigma / (1 - sigma))``; ``dance-sde``:
+    factor: ``ode``: 0; ``flow-sde``: ``noise_level * sqrt(sigma / (1 - sigma))`` (``1 - sigma_next`` in the
+    denominator where sigma counts as 1, see ``SIGMA_ONE_TOLERANCE``); ``dance-sde``:
     ``noise_level``. CPS is not an SDE discretisation: its ``g`` is its std,
     ``sigma_next * sin(noise_level * pi / 2)``.
     """
@@ -123,8 +131,9 @@ def sde_step(
 
     - ``ode``: Euler, ``mean = x + (sigma_next - sigma) v``, std 0.
     - ``flow-sde`` (Flow-GRPO): ``g = a sqrt(sigma / (1 - sigma))`` with ``a = noise_level``; at
-      ``sigma = 1`` the denominator uses the next sigma, ``g = a sqrt(1 / (1 - sigma_next))`` (Flow-GRPO
-      substitutes ``sigmas[1]``, the next grid point). ``mean = x + (sigma_next - sigma)
+      ``sigma = 1`` the denominator uses the next sigma, ``g = a sqrt(sigma / (1 - sigma_next))`` (Flow-GRPO
+      substitutes ``sigmas[1]``, the next grid point), and so does any sigma within
+      ``SIGMA_ONE_TOLERANCE`` of 1 (UniPC's ``1 - 1e-6``). ``mean = x + (sigma_next - sigma)
       [v + g^2 / (2 sigma) eps_hat]``, ``std = g sqrt(sigma - sigma_next)``.
     - ``dance-sde`` (DanceGRPO): the same mean with constant ``g = noise_level``.
     - ``cps``: ``s = sigma_next sin(eta pi / 2)``, ``mean = (1 - sigma_next) x_0_hat +

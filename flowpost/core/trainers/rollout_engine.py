@@ -10,8 +10,10 @@ import torch
 
 from flowpost.core.advantages import advantage_metrics, group_advantages
 from flowpost.core.conditions import NULL_PROMPT
+from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.rewards.combine import RewardOutput
+from flowpost.core.sampling.checks import check_sde_steps
 from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 
@@ -50,11 +52,17 @@ class RolloutEngine:
     collective_passes: bool
     rewards: WeightedRewards | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse, at load, SDE steps of the model's own sigma grid whose std is unbounded (or zero, for a
+        coupled objective): ``core/sampling/checks.py``."""
+        sigmas = self.adapter.inference_sigmas(self.sampling.steps)
+        coupled = type(self.args).paradigm is Paradigm.COUPLED
+        check_sde_steps(sigmas, self.sampling, stage=self.stage, needs_noise=coupled)
+
     def window(self, iteration: int) -> range:
         """The steps sampled with SDE dynamics (and stored for training) in ``iteration``."""
-        sampling = self.sampling
-        size = sampling.window or sampling.steps - 1
-        low, high = sampling.window_start or (0, 0 if sampling.window is None else sampling.steps - 1 - size)
+        size = self.sampling.window_size
+        low, high = self.sampling.window_starts
         generator = addressed_generator(self.seed, self.stage, iteration, 0, "window")
         start = int(torch.randint(low, high + 1, (1,), generator=generator))
         return range(start, start + size)

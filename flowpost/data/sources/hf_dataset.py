@@ -82,7 +82,7 @@ def hf_items(
     for number, row in enumerate(dataset, start=1):
         column, caption = caption_field(row, caption_column)
         extra = {k: v for k, v in row.items() if k not in (image_column, column)}
-        image = image_cell(base, row[image_column])
+        image = image_cell(base, row[image_column], allow_outside=True, where=f"{source}: row {number}")  # cache paths
         yield SourceItem(f"row-{number}", f"{source}: row {number}", image, caption, json_metadata(extra))
 
 

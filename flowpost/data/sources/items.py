@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowpost.data.sources.contained import contained
+
 BAD_KINDS = (
     "unreadable_image",  # missing, not an image, or truncated
     "oversized_image",  # more pixels than preprocess.max_megapixels
@@ -66,12 +68,13 @@ def caption_text(raw: Any, *, max_chars: int | None) -> str:
     return text
 
 
-def image_cell(base: Path, value: Any) -> Path | bytes:
+def image_cell(base: Path, value: Any, *, allow_outside: bool, where: str) -> Path | bytes:
     """The image a table cell holds: its bytes (plain or a ``{"bytes", "path"}`` struct, as the ``datasets``
-    library writes images), or the file a path names relative to ``base``; empty bytes (unreadable) otherwise."""
+    library writes images), or the file a path names relative to ``base`` (kept inside it unless
+    ``allow_outside``); empty bytes (unreadable) otherwise."""
     path = cell_path(value)
     if path is not None:
-        return base / path
+        return contained(base, base, path, allow_outside=allow_outside, where=where)
     data = value.get("bytes") if isinstance(value, dict) else value
     return data if isinstance(data, bytes) else b""
 

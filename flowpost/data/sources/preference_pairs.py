@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flowpost.data.file_hashes import files_fingerprint
-from flowpost.data.sources.image_folder import folder_fingerprint, folder_items
-from flowpost.data.sources.items import caption_field, cell_path, image_cell, json_metadata
-from flowpost.data.sources.table import table_rows
+from flowpost.data.sources.contained import contained
+from flowpost.data.sources.image_folder import folder_files, folder_fingerprint, folder_items
+from flowpost.data.sources.items import caption_field, image_cell, json_metadata
+from flowpost.data.sources.table import table_fingerprint, table_rows
 from flowpost.errors import FlowpostError
 
 CHOSEN, REJECTED = "chosen", "rejected"  # the two subfolders of a pair folder
@@ -38,23 +38,22 @@ class PairItem:
 
 
 def pair_items(
-    path: Path, *, caption_column: str | None, chosen_column: str, rejected_column: str, where: str
+    path: Path, *, caption_column: str | None, chosen_column: str, rejected_column: str, where: str, allow_outside: bool
 ) -> Iterator[PairItem]:
     """The pairs of a pair folder (``path`` is a directory) or of a table."""
     if path.is_dir():
-        return _folder_pairs(path, caption_column=caption_column, where=where)
-    return _table_pairs(
-        path, caption_column=caption_column, chosen_column=chosen_column, rejected_column=rejected_column, where=where
-    )
+        return _folder_pairs(path, caption_column=caption_column, where=where, allow_outside=allow_outside)
+    columns = {"chosen_column": chosen_column, "rejected_column": rejected_column}
+    return _table_pairs(path, caption_column=caption_column, **columns, where=where, allow_outside=allow_outside)
 
 
-def pairs_fingerprint(path: Path, *, chosen_column: str, rejected_column: str, where: str) -> str:
+def pairs_fingerprint(path: Path, *, chosen_column: str, rejected_column: str, where: str, allow_outside: bool) -> str:
     """Changes when any file of the pair folder, or the table or an image file it names, does."""
     if path.is_dir():
-        return folder_fingerprint(path, where=where)
-    rows = _pair_rows(path, chosen_column=chosen_column, rejected_column=rejected_column, where=where)
-    named = {cell_path(row.fields[column]) for row in rows for column in (chosen_column, rejected_column)}
-    return files_fingerprint(path.parent, [path, *(path.parent / p for p in sorted(named - {None}, key=str))])
+        return folder_fingerprint(path, where=where, allow_outside=allow_outside)
+    _pair_rows(path, chosen_column=chosen_column, rejected_column=rejected_column, where=where)
+    columns = (chosen_column, rejected_column)
+    return table_fingerprint(path, image_columns=columns, where=where, allow_outside=allow_outside)
 
 
 def _pair_rows(table: Path, *, chosen_column: str, rejected_column: str, where: str) -> list[Any]:
@@ -68,18 +67,27 @@ def _pair_rows(table: Path, *, chosen_column: str, rejected_column: str, where: 
 
 
 def _table_pairs(
-    table: Path, *, caption_column: str | None, chosen_column: str, rejected_column: str, where: str
+    table: Path,
+    *,
+    caption_column: str | None,
+    chosen_column: str,
+    rejected_column: str,
+    where: str,
+    allow_outside: bool,
 ) -> Iterator[PairItem]:
     """One pair per row, named by its row number."""
     rows = _pair_rows(table, chosen_column=chosen_column, rejected_column=rejected_column, where=where)
     for number, row in enumerate(rows, start=1):
         column, caption = caption_field(row.fields, caption_column)
         extra = {k: v for k, v in row.fields.items() if k not in (chosen_column, rejected_column, column)}
-        chosen, rejected = (image_cell(table.parent, row.fields[c]) for c in (chosen_column, rejected_column))
+        chosen, rejected = (
+            image_cell(table.parent, row.fields[c], allow_outside=allow_outside, where=row.where)
+            for c in (chosen_column, rejected_column)
+        )
         yield PairItem(f"row-{number}", row.where, chosen, rejected, caption, json_metadata(extra))
 
 
-def _folder_pairs(root: Path, *, caption_column: str | None, where: str) -> Iterator[PairItem]:
+def _folder_pairs(root: Path, *, caption_column: str | None, where: str, allow_outside: bool) -> Iterator[PairItem]:
     """The captioned images of ``chosen/``, each with the image of the same name in ``rejected/``."""
     if not (root / REJECTED).is_dir():
         raise FlowpostError(
@@ -87,5 +95,8 @@ def _folder_pairs(root: Path, *, caption_column: str | None, where: str) -> Iter
             "of the same names",
             where=where,
         )
-    for item in folder_items(root / CHOSEN, caption_column=caption_column, where=where):
-        yield PairItem(item.name, item.where, item.image, root / REJECTED / item.name, item.caption, item.metadata)
+    folder_files(root, where=where, allow_outside=allow_outside)  # no symlink out of either half
+    chosen = folder_items(root / CHOSEN, caption_column=caption_column, where=where, allow_outside=allow_outside)
+    for item in chosen:
+        rejected = contained(root, root / REJECTED, item.name, allow_outside=allow_outside, where=item.where)
+        yield PairItem(item.name, item.where, item.image, rejected, item.caption, item.metadata)

@@ -1,8 +1,8 @@
 """Source ``table``: a ``.parquet`` / ``.csv`` / ``.jsonl`` of captions and images.
 
 The image column holds the encoded bytes (or a ``{"bytes": ..., "path": ...}`` struct, as the
-``datasets`` library writes images), or a path relative to the table's folder. Every other column
-becomes the items' metadata.
+``datasets`` library writes images), or a path relative to the table's folder (which it may not leave
+unless the dataset sets ``allow_outside``). Every other column becomes the items' metadata.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from flowpost.data.file_hashes import files_fingerprint
 from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
-from flowpost.data.sources.items import SourceItem, caption_field, cell_path, image_cell, json_metadata
+from flowpost.data.sources.items import SourceItem, caption_field, image_cell, json_metadata
 from flowpost.errors import FlowpostError
 
 SUFFIXES = (".parquet", ".csv", ".jsonl")
@@ -29,17 +29,23 @@ def table_rows(table: Path, *, image_column: str, where: str) -> list[PromptRow]
     return rows
 
 
-def table_fingerprint(table: Path, *, image_column: str, where: str) -> str:
-    """Changes when the table or an image file it names does."""
-    rows = table_rows(table, image_column=image_column, where=where)
-    images = sorted({cell_path(row.fields[image_column]) for row in rows} - {None}, key=str)
-    return files_fingerprint(table.parent, [table, *(table.parent / p for p in images)])
+def table_fingerprint(table: Path, *, image_columns: tuple[str, ...], where: str, allow_outside: bool) -> str:
+    """Changes when the table or an image file its ``image_columns`` name does."""
+    files = set()
+    for row in table_rows(table, image_column=image_columns[0], where=where):
+        for column in image_columns:
+            image = image_cell(table.parent, row.fields.get(column), allow_outside=allow_outside, where=row.where)
+            if isinstance(image, Path):
+                files.add(image)
+    return files_fingerprint(table.parent, [table, *sorted(files)])
 
 
-def table_items(table: Path, *, caption_column: str | None, image_column: str, where: str) -> Iterator[SourceItem]:
+def table_items(
+    table: Path, *, caption_column: str | None, image_column: str, where: str, allow_outside: bool
+) -> Iterator[SourceItem]:
     """One item per row, named by its row number."""
     for number, row in enumerate(table_rows(table, image_column=image_column, where=where), start=1):
         column, caption = caption_field(row.fields, caption_column)
         extra = {k: v for k, v in row.fields.items() if k not in (image_column, column)}
-        image = image_cell(table.parent, row.fields[image_column])
+        image = image_cell(table.parent, row.fields[image_column], allow_outside=allow_outside, where=row.where)
         yield SourceItem(f"row-{number}", row.where, image, caption, json_metadata(extra))

@@ -15,6 +15,8 @@ from flowpost.data.sources.items import SourceItem
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov")
 
 
-def video_items(root: Path, *, caption_column: str | None, where: str) -> Iterator[SourceItem]:
+def video_items(root: Path, *, caption_column: str | None, where: str, allow_outside: bool) -> Iterator[SourceItem]:
     """The folder's clips, by path, with their captions and metadata."""
-    return folder_items(root, caption_column=caption_column, where=where, suffixes=VIDEO_SUFFIXES)
+    return folder_items(
+        root, caption_column=caption_column, where=where, suffixes=VIDEO_SUFFIXES, allow_outside=allow_outside
+    )

@@ -9,6 +9,7 @@ from flowpost.core.evaluation.frechet import (
     frechet_distance,
     frechet_from_statistics,
 )
+from flowpost.errors import FlowpostError
 
 
 def gaussian(n: int, mean: np.ndarray, std: np.ndarray, seed: int) -> np.ndarray:
@@ -69,3 +70,22 @@ def test_singular_covariances_give_finite_symmetric_value() -> None:
 def test_rejects_too_few_rows() -> None:
     with pytest.raises(ValueError, match="N >= 2"):
         frechet_distance(np.zeros((1, 3)), np.zeros((5, 3)))
+
+
+def test_a_significant_imaginary_square_root_is_refused() -> None:
+    """An indefinite covariance (corrupted statistics) makes the square root complex: refused, not dropped."""
+    mu = np.zeros(2)
+    with pytest.raises(FlowpostError, match="imaginary part 1"):
+        frechet_from_statistics(mu, np.diag([1.0, -1.0]), mu, np.eye(2))
+
+
+def test_rounding_noise_in_the_imaginary_part_is_dropped() -> None:
+    a = np.maximum(gaussian(30, np.zeros(64), np.ones(64), seed=5), 0.0)
+    b = np.maximum(gaussian(40, np.zeros(64), np.ones(64), seed=6), 0.0)
+    assert np.isfinite(frechet_distance(a, b))
+
+
+def test_non_finite_statistics_are_refused() -> None:
+    mu, sigma = np.zeros(2), np.eye(2)
+    with pytest.raises(FlowpostError, match="not finite"):
+        frechet_from_statistics(mu, np.array([[1.0, np.nan], [np.nan, 1.0]]), mu, sigma)

@@ -101,7 +101,8 @@ def test_dropped_zero_advantage_rows_leave_the_loss_and_the_rest_is_renormalised
     trainer.args = trainer.args.model_copy(update={"zero_advantage": "keep"})
     alone, alone_grad = _loss_and_grad(trainer, rollout.select(others))
     kept, _ = _loss_and_grad(trainer, rollout)
-    assert dropped == pytest.approx(alone, rel=1e-5) and kept != pytest.approx(alone, rel=1e-3)
+    # the same terms summed in another order: fp32 rounding of a small loss, not a difference in the rows kept
+    assert dropped == pytest.approx(alone, rel=1e-4) and kept != pytest.approx(alone, rel=1e-3)
     torch.testing.assert_close(dropped_grad, alone_grad, rtol=1e-4, atol=1e-7)
 
 

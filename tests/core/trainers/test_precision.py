@@ -11,6 +11,7 @@ from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 
+from flowpost.core.diagnostics import check_consistency
 from flowpost.core.trainers.offline.sft import SFTTrainer
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
 
@@ -96,3 +97,19 @@ def test_the_vae_of_a_bf16_family_encodes_and_decodes_in_fp32(request, family) -
         assert torch.equal(latents, full.encode_output_state(media))  # what an fp32 load encodes, bit for bit
         images = adapter.decode(latents)
         assert images.dtype == torch.float32 and torch.equal(images, full.decode(latents))
+
+
+def test_replay_in_bf16_autocast_reproduces_the_rollout_log_probs(make_trainer, tmp_path, bf16_family) -> None:
+    trainer = make_trainer(
+        tmp_path,
+        cls=GRPOTrainer,
+        adapter=bf16_family["adapter"],
+        dirs=bf16_family["dirs"],
+        lora_rank=4,
+        rewards=[{"name": "jpeg_incompressibility"}],
+        sampling={"steps": 5, "window": 2, "guidance": bf16_family["guidance"]},
+        **ROLLOUTS,
+    )
+    report = check_consistency(trainer)
+    print(report)
+    assert report["ok"]

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.contracts import Paradigm
+from flowpost.core.logging import get_logger
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
 from flowpost.core.trainers.arguments import DatasetArguments
@@ -16,6 +17,9 @@ from flowpost.core.trainers.dataset import DatasetTrainer
 from flowpost.core.trainers.inputs import BatchLoader
 from flowpost.core.trainers.matching import flow_matching_loss, noised
 from flowpost.errors import FlowpostError
+
+log = get_logger(__name__)
+CFG_DROPOUT = 0.1  # the null prompt's probability for a family sampled with classifier-free guidance
 
 
 class SFTArguments(DatasetArguments):
@@ -26,7 +30,28 @@ class SFTArguments(DatasetArguments):
 
     logit_mean: float = 0.0
     logit_std: float = Field(1.0, gt=0)
-    cfg_dropout: float = Field(0.1, ge=0, le=1, description="probability of the null prompt")
+    cfg_dropout: float = Field(
+        CFG_DROPOUT, ge=0, le=1, description="probability of the null prompt; default 0 for a guidance-distilled family"
+    )
+
+    @classmethod
+    def for_family(cls, train: dict[str, Any], family: str) -> dict[str, Any]:
+        """No caption dropout by default for a guidance-distilled family (FLUX.1), which samples without
+        classifier-free guidance; an explicit ``cfg_dropout`` is kept, with a warning when it drops captions."""
+        from flowpost.core.models.registry import FAMILIES, adapter_class
+
+        if family not in FAMILIES or not adapter_class(family).guidance_distilled:  # an unknown one: the stage checks
+            return train
+        if "cfg_dropout" not in train:
+            return {**train, "cfg_dropout": 0.0}
+        if isinstance(dropout := train["cfg_dropout"], int | float) and dropout > 0:
+            log.warning(
+                "cfg_dropout %s on the guidance-distilled family %r trains an unconditional branch its sampling "
+                "never uses; set cfg_dropout: 0 unless you mean to",
+                dropout,
+                family,
+            )
+        return train
 
 
 class SFTTrainer(DatasetTrainer):

@@ -1,0 +1,134 @@
+"""Shape-faithful pipeline folders: the published configs of five real checkpoints (``configs/``), built locally
+with random bf16 weights, one block of each block kind, one text-encoder layer and tokenizers trained here.
+
+The builder applies the only shrinks (``configs/SOURCES.md``): transformer ``num_layers`` /
+``num_single_layers`` to 1 (SD3.5-Medium's ``dual_attention_layers`` keep block 0), text-encoder layer
+counts to 1 (Qwen2.5-VL's vision tower too), ``vocab_size`` to the local tokenizer's, and the special-token
+ids a text-encoder config names to the same tokens' ids in that tokenizer. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tiny_qwen_image_pipeline import qwen_tokenizer
+from tiny_sd3_pipeline import clip_tokenizer, t5_tokenizer
+
+CONFIGS = Path(__file__).parent / "configs"
+DTYPE = torch.bfloat16  # what the published checkpoints are run in
+CLIP_LENGTH = 77  # the CLIP tokenizers' model_max_length (max_position_embeddings)
+T5_LENGTH = 512  # the T5 / UMT5 tokenizers' model_max_length
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A published checkpoint: its hub repository, the flowpost family that trains it, its transformer width."""
+
+    hub_id: str
+    family: str
+    width: int
+
+
+CHECKPOINTS: dict[str, Checkpoint] = {
+    "sd3.5-medium": Checkpoint("stabilityai/stable-diffusion-3.5-medium", "sd3", 1536),
+    "flux1-dev": Checkpoint("black-forest-labs/FLUX.1-dev", "flux1", 3072),
+    "qwen-image": Checkpoint("Qwen/Qwen-Image", "qwen-image", 3072),
+    "wan2.1-t2v-1.3b": Checkpoint("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan2", 1536),
+    "wan2.2-ti2v-5b": Checkpoint("Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan2", 3072),
+}
+SPECIAL_TOKENS: dict[str, dict[str, str]] = {  # per text-encoder model_type: the token each id field names
+    "clip_text_model": {
+        "bos_token_id": "<|startoftext|>",
+        "eos_token_id": "<|endoftext|>",
+        "pad_token_id": "<|endoftext|>",
+    },
+    "qwen2_5_vl": {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"},
+}
+
+
+def published(checkpoint: str, component: str) -> dict[str, Any]:
+    """The published config of ``component`` (``model_index``, ``scheduler``, ``transformer``, ...)."""
+    return json.loads((CONFIGS / checkpoint / f"{component}.json").read_text())
+
+
+def transformer_config(checkpoint: str) -> dict[str, Any]:
+    """The published transformer config with one block of each kind."""
+    config = published(checkpoint, "transformer")
+    config["num_layers"] = 1
+    if "num_single_layers" in config:
+        config["num_single_layers"] = 1
+    if "dual_attention_layers" in config:
+        config["dual_attention_layers"] = [i for i in config["dual_attention_layers"] if i < 1]
+    return config
+
+
+def text_encoder_config(checkpoint: str, component: str, tokenizer: Any) -> dict[str, Any]:
+    """The published text-encoder config with one layer, the tokenizer's vocabulary and its special-token ids."""
+    config = published(checkpoint, component)
+    for key in ("num_hidden_layers", "num_layers", "num_decoder_layers"):
+        if key in config:
+            config[key] = 1
+    if "vision_config" in config:
+        config["vision_config"] = {**config["vision_config"], "depth": 1}
+    config["vocab_size"] = len(tokenizer)
+    for key, token in SPECIAL_TOKENS.get(config["model_type"], {}).items():
+        config[key] = tokenizer.convert_tokens_to_ids(token)
+    return config
+
+
+def tokenizers(checkpoint: str) -> dict[str, Any]:
+    """The pipeline's tokenizers, trained here on a small corpus, at the published maximum lengths."""
+    family = CHECKPOINTS[checkpoint].family
+    if family == "qwen-image":
+        return {"tokenizer": qwen_tokenizer()}
+    t5 = t5_tokenizer()
+    t5.model_max_length = T5_LENGTH
+    if family == "wan2":
+        return {"tokenizer": t5}
+    clip = clip_tokenizer(max_length=CLIP_LENGTH)
+    if family == "flux1":
+        return {"tokenizer": clip, "tokenizer_2": t5}
+    return {"tokenizer": clip, "tokenizer_2": clip, "tokenizer_3": t5}
+
+
+def _component(checkpoint: str, name: str, class_name: str, tokens: dict[str, Any]) -> Any:
+    import diffusers
+    import transformers
+
+    if name.startswith("tokenizer"):
+        return tokens[name]
+    if name == "scheduler":
+        return getattr(diffusers, class_name).from_config(published(checkpoint, "scheduler"))
+    if name.startswith("text_encoder"):
+        model_class = getattr(transformers, class_name)
+        tokenizer = tokens[name.replace("text_encoder", "tokenizer")]
+        config = model_class.config_class.from_dict(text_encoder_config(checkpoint, name, tokenizer))
+        return model_class(config).eval().to(DTYPE)
+    config = transformer_config(checkpoint) if name == "transformer" else published(checkpoint, name)
+    return getattr(diffusers, class_name).from_config(config).eval().to(DTYPE)
+
+
+def build_folder(checkpoint: str, out: Path, *, seed: int = 0) -> Path:
+    """Write the shape-faithful pipeline folder of ``checkpoint`` (a key of ``CHECKPOINTS``) to ``out``: the
+    published ``model_index.json`` classes and options, bf16 weights drawn from ``seed``."""
+    import diffusers
+
+    index = published(checkpoint, "model_index")
+    tokens = tokenizers(checkpoint)
+    parts: dict[str, Any] = {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for name, value in index.items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, list):  # [library, class], or [null, null] for an absent component
+                parts[name] = None if value[1] is None else _component(checkpoint, name, value[1], tokens)
+            else:  # a pipeline option (Wan2.2's expand_timesteps, boundary_ratio)
+                parts[name] = value
+        pipeline = getattr(diffusers, index["_class_name"])(**parts)
+    pipeline.save_pretrained(out, safe_serialization=True)
+    return out

@@ -1,0 +1,80 @@
+"""Each shape-faithful folder loads in bf16 into diffusers' stock pipeline, which generates a finite tiny
+output, and into flowpost's family adapter at the published transformer size, whose velocity is finite."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.registry import adapter_class
+from flowpost.stage import pipeline_adapter
+from shape_faithful.build import CHECKPOINTS, published
+
+pytestmark = pytest.mark.shape
+
+PROMPT = "a red cat"
+SIDE, FRAMES, STEPS = 64, 5, 2  # the stock pipelines' tiny output: 64 x 64 pixels, 5 video frames, 2 steps
+FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small latent shape (sd3's is fixed)
+    "sd3": {},
+    "flux1": {"resolution": 128},
+    "qwen-image": {"resolution": 128},
+    "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
+}
+
+
+@pytest.fixture(autouse=True)
+def _release() -> Iterator[None]:
+    """Free each test's models before the next builds or loads its own."""
+    yield
+    gc.collect()
+
+
+def _generate(checkpoint: str, folder: Path) -> torch.Tensor:
+    import diffusers
+
+    pipeline_class = getattr(diffusers, published(checkpoint, "model_index")["_class_name"])
+    pipeline = pipeline_class.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    assert pipeline.transformer.dtype == torch.bfloat16
+    options: dict[str, Any] = {"height": SIDE, "width": SIDE, "num_inference_steps": STEPS, "output_type": "pt"}
+    if CHECKPOINTS[checkpoint].family == "wan2":
+        options["num_frames"] = FRAMES
+    with torch.no_grad():
+        output = pipeline(PROMPT, generator=torch.Generator().manual_seed(0), **options)
+    return output.frames if CHECKPOINTS[checkpoint].family == "wan2" else output.images
+
+
+@pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
+def test_the_stock_pipeline_generates_a_finite_output(checkpoint: str, shape_folder: Callable[[str], Path]) -> None:
+    media = _generate(checkpoint, shape_folder(checkpoint))
+    expected = (1, FRAMES, 3, SIDE, SIDE) if CHECKPOINTS[checkpoint].family == "wan2" else (1, 3, SIDE, SIDE)
+    assert tuple(media.shape) == expected
+    assert bool(torch.isfinite(media).all())
+
+
+@pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
+def test_the_family_adapter_loads_it_at_the_published_size(
+    checkpoint: str, shape_folder: Callable[[str], Path]
+) -> None:
+    spec = CHECKPOINTS[checkpoint]
+    source = PretrainedSource(str(shape_folder(checkpoint)), torch_dtype="bfloat16")
+    adapter = pipeline_adapter(adapter_class(spec.family), source, FAMILY_OPTIONS[spec.family], where="stages.shape")
+    config, expected = adapter.transformer.config, published(checkpoint, "transformer")
+    heads, head_dim = expected["num_attention_heads"], expected["attention_head_dim"]
+    assert (config.num_attention_heads, config.attention_head_dim) == (heads, head_dim)
+    assert heads * head_dim == spec.width
+    to_q = next(module for name, module in adapter.transformer.named_modules() if name.endswith(".to_q"))
+    assert tuple(to_q.weight.shape) == (spec.width, spec.width) and to_q.weight.dtype == torch.bfloat16
+
+    adapter.compute_dtype = torch.bfloat16
+    state = adapter.prepare_condition_state(adapter.encode_conditions([PROMPT]))
+    latents = torch.randn(1, *adapter.latent_shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        velocity = adapter.velocity(latents, torch.tensor([0.7]), state)
+    assert velocity.shape == latents.shape and velocity.dtype == latents.dtype
+    assert bool(torch.isfinite(velocity).all())
