@@ -15,9 +15,9 @@ SAMPLING = {"dynamics": "ode", "steps": 2, "guidance": 1.0}
 OPTIMIZERS = {GENERATOR: {"lr": 1e-3}, FAKE_SCORE: {"lr": 2e-3}}
 
 
-def _dmd2(make_trainer, out, **args):
+def _dmd2(make_trainer, out, sampling=SAMPLING, **args):
     options = {**SMALL, "iterations": 2, "ttur": 2, **args}
-    return make_trainer(out, cls=DMD2Trainer, sampling=SAMPLING, optimizers=OPTIMIZERS, **options)
+    return make_trainer(out, cls=DMD2Trainer, sampling=sampling, optimizers=OPTIMIZERS, **options)
 
 
 def test_the_generator_loss_gradient_is_the_normalised_score_difference():
@@ -151,3 +151,85 @@ def test_lora_roles_are_one_adapter_each_on_a_frozen_shared_base(make_trainer, t
     with trainer.adapter.use_component_variant(FAKE_SCORE):
         assert network.active_adapters() == [FAKE_SCORE]
     assert network.active_adapters() == ["default"]
+
+
+def _recorded_rounds(trainer, monkeypatch) -> list[dict[str, list]]:
+    """Per micro-batch round: the x0 each fake-score update fits, the x0 the generator's distribution-matching
+    gradient is applied to (live and its detached anchor), and the micro-batch's stored final samples."""
+    from flowpost.core.trainers.distill import dmd2
+
+    rounds: list[dict[str, list]] = []
+    fit, push = dmd2.flow_matching_loss, dmd2.dmd_generator_loss
+    gradient = dmd2.dmd_gradient
+
+    def current() -> dict[str, list]:
+        if not rounds or rounds[-1]["live"]:
+            rounds.append({"fitted": [], "live": [], "anchor": [], "final": []})
+        return rounds[-1]
+
+    def fitted(prediction, noise, x0):
+        current()["fitted"].append(x0.detach().clone())
+        return fit(prediction, noise, x0)
+
+    def anchored(x0, real, fake):
+        current()["anchor"].append(x0.detach().clone())
+        return gradient(x0, real, fake)
+
+    def pushed(x0, target):
+        rounds[-1]["live"].append(x0.detach().clone())
+        return push(x0, target)
+
+    objective = trainer.fake_score_objective
+
+    def fake_score_objective(batch, tag):
+        current()["final"].append(batch.final.clone())
+        return objective(batch, tag)
+
+    monkeypatch.setattr(dmd2, "flow_matching_loss", fitted)
+    monkeypatch.setattr(dmd2, "dmd_gradient", anchored)
+    monkeypatch.setattr(dmd2, "dmd_generator_loss", pushed)
+    monkeypatch.setattr(trainer, "fake_score_objective", fake_score_objective)
+    return rounds
+
+
+def test_with_several_steps_the_fake_score_fits_the_x0_the_generator_is_pushed_on(make_trainer, tmp_path, monkeypatch):
+    trainer = _dmd2(make_trainer, tmp_path, sampling={**SAMPLING, "steps": 3}, train_batch_size=2)
+    rounds = _recorded_rounds(trainer, monkeypatch)
+    trainer.start()
+    assert len(rounds) == 4  # 2 iterations x 2 micro-batches
+    intermediate = 0
+    for record in rounds:
+        assert len(record["fitted"]) == 2 and len(record["live"]) == len(record["anchor"]) == 1  # ttur 2
+        (live,), (anchor,) = record["live"], record["anchor"]
+        assert torch.equal(live, anchor)
+        assert all(torch.equal(fitted, live) for fitted in record["fitted"])
+        final = record["final"][0]
+        intermediate += sum(not torch.equal(live[row], final[row]) for row in range(len(final)))
+    assert intermediate > 0  # some rows were pushed at an intermediate step, whose x0 is not the final sample
+
+
+def test_the_last_steps_x0_is_the_rollouts_final_sample_and_each_samples_step_is_its_own_draw(
+    make_trainer, tmp_path, monkeypatch
+):
+    steps: dict[int, dict[int, int]] = {}
+    for size in (4, 2):
+        sampling = {**SAMPLING, "steps": 3}
+        trainer = _dmd2(make_trainer, tmp_path / str(size), sampling=sampling, iterations=1, train_batch_size=size)
+        seen = []
+        prediction = trainer.prediction
+
+        def recording(batch, prediction=prediction, seen=seen):
+            predicted = prediction(batch)
+            seen.append((batch, predicted))
+            return predicted
+
+        monkeypatch.setattr(trainer, "prediction", recording)
+        trainer.start()
+        steps[size] = {int(i): int(k) for batch, p in seen for i, k in zip(batch.indices, p.step, strict=True)}
+        if size == 4:  # one round per rollout: the generator has not moved since it sampled
+            batch, predicted = seen[0]
+            last = predicted.step == 2
+            assert 0 < int(last.sum()) < len(batch)
+            assert torch.equal(predicted.x0[last], batch.final[last])
+            assert all(not torch.equal(predicted.x0[row], batch.final[row]) for row in torch.nonzero(~last).flatten())
+    assert steps[4] == steps[2] and len(steps[4]) == 4  # keyed by sample index, not by micro-batch

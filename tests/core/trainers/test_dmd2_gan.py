@@ -23,9 +23,9 @@ OPTIMIZERS = {GENERATOR: {"lr": 1e-3}, FAKE_SCORE: {"lr": 2e-3}}
 GAN = {"generator_weight": 0.5, "discriminator_weight": 1.0}
 
 
-def _dmd2(make_trainer, out, **args):
+def _dmd2(make_trainer, out, sampling=SAMPLING, **args):
     options = {**SMALL, "iterations": 2, "ttur": 2, **args}
-    return make_trainer(out, cls=DMD2Trainer, sampling=SAMPLING, optimizers=OPTIMIZERS, **options)
+    return make_trainer(out, cls=DMD2Trainer, sampling=sampling, optimizers=OPTIMIZERS, **options)
 
 
 def _head(trainer):
@@ -145,3 +145,32 @@ def test_gan_without_dataset_images_is_refused_naming_the_data_section(make_trai
     _dmd2(make_trainer, tmp_path / "off", dirs=dirs)  # the prompts are enough without the GAN term
     with pytest.raises(FlowpostError, match=r"stages\.sft\.data.*dataset of images"):
         _dmd2(make_trainer, tmp_path / "on", dirs=dirs, gan=GAN)
+
+
+def test_with_several_steps_the_discriminator_sees_as_fakes_the_x0_the_generator_is_pushed_on(
+    make_trainer, tmp_path, monkeypatch
+):
+    trainer = _dmd2(make_trainer, tmp_path, sampling={**SAMPLING, "steps": 3}, gan=GAN, train_batch_size=2)
+    seen: list[tuple[str, torch.Tensor]] = []
+    noised = trainer.gan_noised
+
+    def recording(x0, draws, purpose):
+        seen.append((purpose, x0.detach().clone()))
+        return noised(x0, draws, purpose)
+
+    monkeypatch.setattr(trainer, "gan_noised", recording)
+    finals = []
+    objective = trainer.discriminator_objective
+
+    def discriminator_objective(batch, tag):
+        finals.append(batch.final.clone())
+        return objective(batch, tag)
+
+    monkeypatch.setattr(trainer, "discriminator_objective", discriminator_objective)
+    trainer.start()
+    fakes = [x0 for purpose, x0 in seen if purpose == "gan-fake"]
+    pushed = [x0 for purpose, x0 in seen if purpose == "gan-generator"]
+    assert len(fakes) == 2 * len(pushed) == 8  # ttur 2, 2 micro-batches in each of 2 iterations
+    for number, live in enumerate(pushed):
+        assert all(torch.equal(fake, live) for fake in fakes[2 * number : 2 * number + 2])
+    assert any(not torch.equal(live, final) for live, final in zip(pushed, finals[::2], strict=True))

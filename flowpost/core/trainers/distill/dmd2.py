@@ -4,8 +4,9 @@ Two trainable roles: the ``generator`` (the few-step student; it owns the base w
 ``fake_score`` (a flow model of the generator's current outputs). The real score is the frozen
 ``teacher`` snapshot with classifier-free guidance. The generator's samples, noised at a random
 sigma, are pushed along ``x0_fake - x0_real``: the reverse-KL gradient between the generator's
-distribution and the teacher's. Backward simulation: the generator update starts from a state its
-own (stored, gradient-free) rollout reached at a random step. No rewards.
+distribution and the teacher's. Backward simulation: each micro-batch round starts from a state the
+generator's own (stored, gradient-free) rollout reached at a random step; the generator's ``x0`` there
+is what the fake score fits and what the generator update pushes, as in DMD2's code. No rewards.
 
 Optional GAN term (``train.gan``): a discriminator on the fake score's middle-block features tells
 noisy dataset images from noisy generator samples; its logistic loss joins the fake-score update and
@@ -15,6 +16,7 @@ the non-saturating generator loss joins the generator update.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -65,8 +67,21 @@ class DMD2Arguments(DistributionMatchingArguments):
         return self
 
 
+@dataclass(frozen=True)
+class GeneratorPrediction:
+    """The generator's gradient-free prediction on one micro-batch ``batch``: each row's stored state ``x``
+    at its random step ``step`` [B] (CPU), that step's ``sigma`` [B] and ``x0 = x - sigma v``."""
+
+    batch: Rollout
+    step: Tensor
+    x: Tensor
+    sigma: Tensor
+    x0: Tensor
+
+
 class DMD2Trainer(GenerationTrainer):
-    """Per micro-batch of the generator's rollout: ``ttur`` fake-score updates, then one generator update."""
+    """Per micro-batch of the generator's rollout: ``ttur`` fake-score updates, then one generator update,
+    all on the generator's ``x0`` at one random rollout step per sample."""
 
     Arguments = DMD2Arguments
     args: DMD2Arguments
@@ -87,6 +102,7 @@ class DMD2Trainer(GenerationTrainer):
         self.null = self.conditions.lookup([NULL_PROMPT]) if self.args.real_guidance != 1.0 else None
         self.gan = self.args.gan if isinstance(self.args, DMD2Arguments) else None
         self.discriminator = self.build_discriminator() if self.gan is not None else None
+        self.predicted: GeneratorPrediction | None = None
 
     def build_discriminator(self) -> Discriminator:
         """The GAN head on the fake-score network (before the optimizers: the fake score's trains it) and
@@ -153,10 +169,30 @@ class DMD2Trainer(GenerationTrainer):
             return None
         return self.adapter.prepare_condition_state(self.null.index([0] * rows).to(self.accelerator.device))
 
-    def fake_score_objective(self, batch: Rollout, tag: str) -> Tensor:
-        """Flow matching of the fake score on the generator's (detached) samples at fresh noise and sigma."""
+    def prediction(self, batch: Rollout) -> GeneratorPrediction:
+        """The generator's ``x0`` on ``batch``, computed once per round (the first update to ask for it):
+        the generator does not change before its own update, so every fake-score update fits, and the
+        generator update pushes, this one tensor. The step is an addressed draw per sample, uniform over
+        the stored steps. At the last step, while the generator is the rollout's, ``x0`` is the rollout's
+        final sample."""
+        if self.predicted is not None and self.predicted.batch is batch:
+            return self.predicted
         device = self.accelerator.device
-        x0 = batch.final.to(device)
+        states, sigmas = student_states(batch, where=f"stages.{self.stage}.sampling")
+        step = self.draws(batch, "round").index("step", states.shape[1])
+        x = rows_at(states, step).to(device)
+        sigma = sigmas[step].to(device, x.dtype)
+        state = self.adapter.prepare_condition_state(batch.conditions.to(device))
+        with torch.no_grad():
+            x0 = x0_from_velocity(x, sigma, self.adapter.velocity(x, sigma, state))
+        self.predicted = GeneratorPrediction(batch, step, x, sigma, x0)
+        return self.predicted
+
+    def fake_score_objective(self, batch: Rollout, tag: str) -> Tensor:
+        """Flow matching of the fake score on the generator's detached ``x0`` (``prediction``) at fresh
+        noise and sigma."""
+        device = self.accelerator.device
+        x0 = self.prediction(batch).x0
         draws = self.draws(batch, tag)
         noise = draws.normal("fake-noise", x0)
         sigma = uniform_sigmas(draws.uniform("fake-sigma", x0), *self.args.sigma_range)
@@ -164,19 +200,17 @@ class DMD2Trainer(GenerationTrainer):
         return flow_matching_loss(self.scores.fake_velocity(noised(x0, noise, sigma), sigma, state), noise, x0)
 
     def generator_objectives(self, batch: Rollout, tag: str) -> Iterator[Tensor]:
-        """The distribution-matching loss of the generator's prediction from a random rollout state.
+        """The distribution-matching loss of the generator's ``x0`` (``prediction``, the one the fake score
+        fitted), recomputed with gradients from the same state.
 
         Each yielded loss must be backpropagated before the next is asked for (the teacher swaps into
         the generator's weights in place)."""
         device = self.accelerator.device
         draws = self.draws(batch, tag)
-        states, sigmas = student_states(batch, where=f"stages.{self.stage}.sampling")
-        step = draws.index("step", states.shape[1])
-        x = rows_at(states, step).to(device)
-        sigma_k = sigmas[step].to(device, x.dtype)
+        predicted = self.prediction(batch)
+        x, sigma_k, x0 = predicted.x, predicted.sigma, predicted.x0
         state = self.adapter.prepare_condition_state(batch.conditions.to(device))
         with torch.no_grad():  # the target first: the teacher swaps into the generator's weights
-            x0 = x0_from_velocity(x, sigma_k, self.adapter.velocity(x, sigma_k, state))
             noise = draws.normal("noise", x0)
             sigma = uniform_sigmas(draws.uniform("sigma", x0), *self.args.sigma_range)
             x_t = noised(x0, noise, sigma)
@@ -192,6 +226,7 @@ class DMD2Trainer(GenerationTrainer):
                 self.discriminator.logits(x_gan, sigma_gan, state)
             )
         yield loss
+        self.predicted = None  # the round ends with this update: the generator steps next
 
     def gan_noised(self, x0: Tensor, draws: UpdateDraws, purpose: str) -> tuple[Tensor, Tensor]:
         """``x0`` noised at a fresh sigma in ``sigma_range`` (the diffusion GAN's input) and that sigma."""
@@ -217,11 +252,12 @@ class DMD2Trainer(GenerationTrainer):
         return x0.to(like.dtype), state
 
     def discriminator_objective(self, batch: Rollout, tag: str) -> Tensor:
-        """The discriminator loss on noisy dataset images against the generator's noisy (detached) samples."""
+        """The discriminator loss on noisy dataset images against the generator's noisy detached ``x0``
+        (``prediction``)."""
         assert self.discriminator is not None
         device = self.accelerator.device
         draws = self.draws(batch, tag)
-        fake = batch.final.to(device)
+        fake = self.prediction(batch).x0
         real, real_state = self.real_latents(draws, fake)
         fake_state = self.adapter.prepare_condition_state(batch.conditions.to(device))
         real_logits = self.discriminator.logits(*self.gan_noised(real, draws, "gan-real"), real_state)
