@@ -1,7 +1,8 @@
-"""Shape-faithful pipeline folders: the published configs of five real checkpoints (``configs/``), built locally
-with random bf16 weights, one block of each block kind, one text-encoder layer and tokenizers trained here.
+"""Shape-faithful pipeline folders: the published configs of five real checkpoints (``docs/shapes/``), built
+locally with random bf16 weights, one block of each block kind, one text-encoder layer and tokenizers trained
+here.
 
-The builder applies the only shrinks (``configs/SOURCES.md``): transformer ``num_layers`` /
+The builder applies the only shrinks (``docs/shapes/SOURCES.md``): transformer ``num_layers`` /
 ``num_single_layers`` to 1 (SD3.5-Medium's ``dual_attention_layers`` keep block 0), text-encoder layer
 counts to 1 (Qwen2.5-VL's vision tower too), ``vocab_size`` to the local tokenizer's, and the special-token
 ids a text-encoder config names to the same tokens' ids in that tokenizer. Nothing is downloaded.
@@ -18,7 +19,7 @@ import torch
 from tiny_qwen_image_pipeline import qwen_tokenizer
 from tiny_sd3_pipeline import clip_tokenizer, t5_tokenizer
 
-CONFIGS = Path(__file__).parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "docs" / "shapes"
 DTYPE = torch.bfloat16  # what the published checkpoints are run in
 CLIP_LENGTH = 77  # the CLIP tokenizers' model_max_length (max_position_embeddings)
 T5_LENGTH = 512  # the T5 / UMT5 tokenizers' model_max_length
@@ -52,7 +53,10 @@ SPECIAL_TOKENS: dict[str, dict[str, str]] = {  # per text-encoder model_type: th
 
 def published(checkpoint: str, component: str) -> dict[str, Any]:
     """The published config of ``component`` (``model_index``, ``scheduler``, ``transformer``, ...)."""
-    return json.loads((CONFIGS / checkpoint / f"{component}.json").read_text())
+    if component == "model_index":
+        return json.loads((CONFIGS / checkpoint / "model_index.json").read_text())
+    name = "scheduler_config.json" if component == "scheduler" else "config.json"
+    return json.loads((CONFIGS / checkpoint / component / name).read_text())
 
 
 def transformer_config(checkpoint: str) -> dict[str, Any]:

@@ -1,0 +1,198 @@
+"""Each shape-faithful checkpoint trained as users train it, in bf16 weights under autocast: LoRA and full
+fine-tuning keep fp32 trainable weights and Adam moments that lr 1e-5 moves, the replayed rollout's PPO ratio
+stays 1, every Flow-SDE step of the family's own default grid is bounded, the VAE runs in fp32, and both
+exports load into the stock pipeline at the published shape."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from flowpost.core.config.schema import StageConfig
+from flowpost.core.diagnostics import check_consistency
+from flowpost.core.io import write_json_atomic
+from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.registry import adapter_class
+from flowpost.core.sampling.checks import sde_step_problems
+from flowpost.core.sampling.config import SamplingConfig
+from flowpost.core.trainers.spec import StageSpec
+from flowpost.data.condition_cache import update_condition_cache
+from flowpost.data.records import Demonstration
+from flowpost.data.shards import write_shards
+from flowpost.stage import build_trainer
+from shape_faithful.build import CHECKPOINTS, published
+
+pytestmark = pytest.mark.shape
+
+PROMPTS = ["a red cat", "a blue car"]
+FINGERPRINT = "shape-faithful-encoders"
+SIDE, FRAMES = 64, 5
+OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 x 5 video
+    "sd3": {"resolution": 128},
+    "flux1": {"resolution": 128},
+    "qwen-image": {"resolution": 128},
+    "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
+}
+MEDIA = {"sd3": (3, 128, 128), "flux1": (3, 128, 128), "qwen-image": (3, 128, 128), "wan2": (3, FRAMES, SIDE, SIDE)}
+DEFAULT_STEPS = {"sd3": 28, "flux1": 28, "qwen-image": 50, "wan2": 50}  # the stock pipelines' num_inference_steps
+LR = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _release() -> Iterator[None]:
+    yield
+    gc.collect()
+
+
+def _prepared(root: Path, family: str, folder: Path) -> None:
+    """Demonstrations of ``PROMPTS`` (random media at the stage's size) and their condition cache, encoded by
+    the folder's own text encoders as the conditions node encodes them."""
+    rng = np.random.default_rng(0)
+    records = [
+        Demonstration(key=f"r{i}", prompt=prompt, image=rng.random(MEDIA[family], dtype=np.float32))
+        for i, prompt in enumerate(PROMPTS)
+    ]
+    write_json_atomic(root / "data" / "train" / "manifest.json", write_shards(records, root / "data" / "train"))
+    encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=128)
+    try:
+        update_condition_cache(
+            root / "conditions", ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=encoder.encode
+        )
+    finally:
+        encoder.release()
+
+
+def _spec(root: Path, name: str, stage: dict[str, Any]) -> StageSpec:
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    return StageSpec(
+        stage=name,
+        seed=0,
+        config=StageConfig.model_validate(stage).model_dump(mode="json"),
+        output_dir=str(out),
+        dataset_dir=str(root / "data"),
+        conditions_dir=str(root / "conditions"),
+        encoder_fingerprint=FINGERPRINT,
+        resume=False,
+    )
+
+
+def _model(family: str, folder: Path, **extra: Any) -> dict[str, Any]:
+    return {"family": family, "pretrained": str(folder), "torch_dtype": "bfloat16", "options": OPTIONS[family], **extra}
+
+
+def _fraction_changed(before: dict[str, torch.Tensor], network: torch.nn.Module) -> float:
+    now = dict(network.named_parameters())
+    changed = sum(int((now[name].detach().float() != value).sum()) for name, value in before.items())
+    return changed / sum(value.numel() for value in before.values())
+
+
+@pytest.fixture(params=list(CHECKPOINTS))
+def prepared(request: pytest.FixtureRequest, shape_folder: Callable[[str], Path], tmp_path: Path) -> dict[str, Any]:
+    checkpoint = request.param
+    family, folder = CHECKPOINTS[checkpoint].family, shape_folder(checkpoint)
+    _prepared(tmp_path, family, folder)
+    return {"checkpoint": checkpoint, "family": family, "folder": folder, "root": tmp_path}
+
+
+@pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
+def test_every_sde_step_of_the_default_grid_is_bounded(checkpoint: str, shape_folder: Callable[[str], Path]) -> None:
+    family, folder = CHECKPOINTS[checkpoint].family, shape_folder(checkpoint)
+    adapter = adapter_class(family).without_weights(PretrainedSource(str(folder), torch_dtype="bfloat16"))
+    steps = DEFAULT_STEPS[family]
+    sigmas = adapter.inference_sigmas(steps)
+    assert sde_step_problems(sigmas, SamplingConfig(steps=steps), needs_noise=True) == []
+
+
+def test_lora_grpo_in_bf16_replays_exactly_moves_fp32_adapters_and_exports(prepared: dict[str, Any]) -> None:
+    family, folder, root = prepared["family"], prepared["folder"], prepared["root"]
+    stage = {
+        "trainer": "grpo",
+        "model": _model(family, folder, lora={"rank": 4, "alpha": 8}),
+        "sampling": {"steps": 3, "guidance": 1.0},
+        "rewards": [{"name": "jpeg_incompressibility", **({"frames": "first"} if family == "wan2" else {})}],
+        "train": {
+            "lr": LR,
+            "iterations": 3,
+            "prompts_per_iteration": 1,
+            "group_size": 2,
+            "rollout_batch_size": 2,
+            "train_batch_size": 2,
+            "checkpoint_every": 0,
+        },
+    }
+    trainer = build_trainer(_spec(root, "grpo", stage))
+    adapter, network = trainer.adapter, trainer.adapter.module()
+    assert adapter.compute_dtype == torch.bfloat16
+    assert {p.dtype for p in trainer.trainable} == {torch.float32}
+    frozen = [p for p in network.parameters() if not p.requires_grad]
+    half = sum(p.numel() for p in frozen if p.dtype == torch.bfloat16)  # but the modules diffusers keeps in fp32
+    assert half > 0.9 * sum(p.numel() for p in frozen)
+    assert {p.dtype for p in adapter.vae.parameters()} == {torch.float32}
+    report = check_consistency(trainer)
+    assert report["max_abs_ratio_error"] < 1e-5, report
+    lora_a = {n: p.detach().float().clone() for n, p in network.named_parameters() if "lora_A" in n}
+    trainer.start()
+    moments = [m for s in trainer.optimizer.optimizer.state.values() for m in (s["exp_avg"], s["exp_avg_sq"])]
+    assert moments and {m.dtype for m in moments} == {torch.float32}
+    assert _fraction_changed(lora_a, network) > 0.5
+
+    export = root / "export"
+    adapter.save_pretrained(export)
+    pipeline = _stock_pipeline(prepared["checkpoint"], folder)
+    pipeline.load_lora_weights(export / "lora")
+    from peft.utils import get_peft_model_state_dict
+
+    [name] = pipeline.transformer.peft_config  # the adapter load_lora_weights named
+    loaded = get_peft_model_state_dict(pipeline.transformer, adapter_name=name)
+    trained = get_peft_model_state_dict(network)
+    assert loaded.keys() == trained.keys() and loaded
+    for key, value in trained.items():
+        torch.testing.assert_close(loaded[key].float(), value.float().to(loaded[key].dtype).float(), msg=key)
+
+
+def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights_and_exports(prepared: dict[str, Any]) -> None:
+    family, folder, root = prepared["family"], prepared["folder"], prepared["root"]
+    stage = {
+        "trainer": "sft",
+        "model": _model(family, folder),
+        "train": {"lr": LR, "batch_size": 2, "max_steps": 1, "checkpoint_every": 0},
+    }
+    trainer = build_trainer(_spec(root, "sft", stage))
+    network = trainer.adapter.module()
+    assert {p.dtype for p in network.parameters()} == {torch.float32}
+    assert trainer.adapter.compute_dtype == torch.bfloat16
+    blocks = {n: p.detach().clone() for n, p in network.named_parameters() if ".to_q." in n}
+    trainer.start()
+    assert _fraction_changed(blocks, network) > 0.5  # bf16 weights would round nearly every update away
+
+    export = root / "export"
+    trainer.adapter.save_pretrained(export)
+    import diffusers
+
+    transformer_class = getattr(diffusers, published(prepared["checkpoint"], "model_index")["transformer"][1])
+    transformer = transformer_class.from_pretrained(export / "transformer", torch_dtype=torch.bfloat16)
+    pipeline = _stock_pipeline(prepared["checkpoint"], folder, transformer=transformer)
+    assert (
+        pipeline.transformer.config.num_attention_heads
+        == published(prepared["checkpoint"], "transformer")["num_attention_heads"]
+    )
+    name = next(n for n in blocks)
+    torch.testing.assert_close(
+        dict(pipeline.transformer.named_parameters())[name].float(),
+        dict(network.named_parameters())[name].detach().to(torch.bfloat16).float(),
+    )
+
+
+def _stock_pipeline(checkpoint: str, folder: Path, **components: Any) -> Any:
+    import diffusers
+
+    pipeline_class = getattr(diffusers, published(checkpoint, "model_index")["_class_name"])
+    return pipeline_class.from_pretrained(folder, torch_dtype=torch.bfloat16, **components)
