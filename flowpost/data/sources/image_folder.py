@@ -26,19 +26,30 @@ METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
 
 
 def folder_files(root: Path, *, where: str, allow_outside: bool = False) -> list[Path]:
-    """Every file under ``root`` outside hidden folders, in a stable order; a symlink out of ``root`` is
-    refused unless ``allow_outside``."""
+    """Every file under ``root`` outside hidden folders, in a stable order, symlinked folders followed (once
+    each); a file or folder that leads out of ``root`` is refused unless ``allow_outside``."""
     if not root.is_dir():
         raise FlowpostError(f"folder {str(root)!r} does not exist; create it or fix the path", where=where)
-    files = sorted(
-        p
-        for p in root.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    )
+    files = sorted(_visible_files(root))
     if not allow_outside:
         for file in files:
             check_inside(root, file, where=where)
     return files
+
+
+def _visible_files(root: Path) -> Iterator[Path]:
+    seen: set[str] = set()
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:  # a symlink cycle
+            subfolders.clear()
+            continue
+        seen.add(real)
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        for name in names:
+            path = Path(folder) / name
+            if not name.startswith(".") and path.is_file():
+                yield path
 
 
 def folder_fingerprint(root: Path, *, where: str, allow_outside: bool = False) -> str:

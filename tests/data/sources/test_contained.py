@@ -101,3 +101,19 @@ def test_a_pair_folder_whose_rejected_image_links_out_is_refused(tmp_path: Path)
 def test_the_option_applies_only_to_sources_that_read_paths() -> None:
     with pytest.raises(ValueError, match="allow_outside do not apply to source 'prompt-files'"):
         DatasetConfig(source="prompt-files", path="p.txt", allow_outside=True)
+
+
+def test_a_symlinked_folder_is_read_once_and_a_cycle_ends(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "folder", 3)
+    (root / "again").symlink_to(root, target_is_directory=True)  # a cycle back to the folder itself
+    names = sorted(item.name for item in _items(_config(root)))
+    assert len(names) == 3 and not any(name.startswith("again/") for name in names)
+
+
+def test_an_allowed_symlinked_folder_outside_is_read(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "folder", 3)
+    _outside(tmp_path)
+    (root / "more").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(FlowpostError, match="leads outside"):
+        _items(_config(root))
+    assert "more/x.png" in [item.name for item in _items(_config(root, allow_outside=True))]
