@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pipeline_families import PIPELINE_FAMILIES
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
@@ -128,6 +129,19 @@ def qwen_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, qwen_image_pi
     encode = load_qwen_image_adapter(qwen_image_pipeline_dir).encode_conditions
     shape = (3, QWEN_IMAGE_RESOLUTION, QWEN_IMAGE_RESOLUTION)
     return write_stage_data(tmp_path_factory.mktemp("qwen-image-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture
+def load_family(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
+    """``load_family(name, **source_options)``: the family's freshly loaded adapter (``adapter``), its stage
+    data (``dirs``) and its rollout guidance (``guidance``)."""
+
+    def load(name: str, **options: Any) -> dict[str, Any]:
+        loader, folder, data, guidance = PIPELINE_FAMILIES[name]
+        adapter = loader(request.getfixturevalue(folder), **options)
+        return {"adapter": adapter, "dirs": request.getfixturevalue(data), "guidance": guidance}
+
+    return load
 
 
 def _registered_name(cls: type) -> str:

@@ -6,9 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_flux1_pipeline import load_flux1_adapter
-from tiny_qwen_image_pipeline import load_qwen_image_adapter
-from tiny_sd3_pipeline import load_sd3_adapter
+from pipeline_families import PIPELINE_FAMILIES
 
 from flowpost.core.diagnostics import check_consistency
 from flowpost.core.trainers.rl.awm import AWMTrainer
@@ -17,19 +15,10 @@ from flowpost.core.trainers.rl.nft import NFTTrainer
 
 JPEG = [{"name": "jpeg_incompressibility"}]
 SMALL = {"prompts_per_iteration": 2, "group_size": 4, "rollout_batch_size": 8, "train_batch_size": 4}
-FAMILIES = {  # loader, pipeline folder fixture, stage data fixture, the guidance its rollouts sample with
-    "sd3": (load_sd3_adapter, "sd3_pipeline_dir", "sd3_data_dirs", 4.5),
-    "flux1": (load_flux1_adapter, "flux1_pipeline_dir", "flux1_data_dirs", 1.0),  # distilled guidance only
-    "qwen-image": (load_qwen_image_adapter, "qwen_image_pipeline_dir", "qwen_image_data_dirs", 4.0),
-}
-
-
-@pytest.fixture(params=sorted(FAMILIES))
-def family(request: pytest.FixtureRequest) -> dict[str, Any]:
+@pytest.fixture(params=sorted(PIPELINE_FAMILIES))
+def family(request: pytest.FixtureRequest, load_family) -> dict[str, Any]:
     """The family's freshly loaded adapter, its stage data and its rollout guidance."""
-    loader, folder, data, guidance = FAMILIES[request.param]
-    adapter = loader(request.getfixturevalue(folder))
-    return {"adapter": adapter, "dirs": request.getfixturevalue(data), "guidance": guidance}
+    return load_family(request.param)
 
 
 def _changed(before: dict[str, torch.Tensor], module: torch.nn.Module) -> bool:

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_flux1_pipeline import load_flux1_adapter
-from tiny_qwen_image_pipeline import load_qwen_image_adapter
+from pipeline_families import PIPELINE_FAMILIES
 from tiny_sd3_pipeline import load_sd3_adapter
 
 from flowpost.core.diagnostics import check_consistency
@@ -16,19 +15,12 @@ from flowpost.core.trainers.offline.sft import SFTTrainer
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
 
 BF16 = {"torch_dtype": "bfloat16"}
-FAMILIES = {  # loader, pipeline folder fixture, stage data fixture, rollout guidance
-    "sd3": (load_sd3_adapter, "sd3_pipeline_dir", "sd3_data_dirs", 4.5),
-    "flux1": (load_flux1_adapter, "flux1_pipeline_dir", "flux1_data_dirs", 1.0),
-    "qwen-image": (load_qwen_image_adapter, "qwen_image_pipeline_dir", "qwen_image_data_dirs", 4.0),
-}
 ROLLOUTS = {"prompts_per_iteration": 2, "group_size": 4, "rollout_batch_size": 8, "train_batch_size": 2}
 
 
-@pytest.fixture(params=sorted(FAMILIES))
-def bf16_family(request: pytest.FixtureRequest) -> dict[str, Any]:
-    loader, folder, data, guidance = FAMILIES[request.param]
-    adapter = loader(request.getfixturevalue(folder), **BF16)
-    return {"adapter": adapter, "dirs": request.getfixturevalue(data), "guidance": guidance}
+@pytest.fixture(params=sorted(PIPELINE_FAMILIES))
+def bf16_family(request: pytest.FixtureRequest, load_family) -> dict[str, Any]:
+    return load_family(request.param, **BF16)
 
 
 def _lora(module: torch.nn.Module, part: str) -> dict[str, torch.Tensor]:
@@ -85,11 +77,9 @@ def test_full_fine_tuning_of_a_bf16_model_keeps_fp32_master_weights(
     assert _changed_fraction(before, adapter.module()) > 0.5  # bf16 weights would round most updates away
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_the_vae_of_a_bf16_family_encodes_and_decodes_in_fp32(request, family) -> None:
-    loader, folder, _, _ = FAMILIES[family]
-    adapter = loader(request.getfixturevalue(folder), **BF16)
-    full = loader(request.getfixturevalue(folder))
+@pytest.mark.parametrize("family", sorted(PIPELINE_FAMILIES))
+def test_the_vae_of_a_bf16_family_encodes_and_decodes_in_fp32(load_family, family) -> None:
+    adapter, full = load_family(family, **BF16)["adapter"], load_family(family)["adapter"]
     assert {p.dtype for p in adapter.vae.parameters()} == {torch.float32}
     media = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
