@@ -37,11 +37,13 @@ MainPortOpt = Annotated[
 ]
 
 
-def _load(pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False):  # noqa: ANN202
+def _load(  # noqa: ANN202
+    pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False, warnings: list[str] | None = None
+):
     from flowpost.core.config.loading import load_pipeline
 
     extra = ["smoke=true"] if smoke else []
-    return load_pipeline(pipeline, [*(overrides or []), *extra])
+    return load_pipeline(pipeline, [*(overrides or []), *extra], warnings=warnings)
 
 
 @app.command()
@@ -64,18 +66,21 @@ def run(
     from rich.table import Table
 
     from flowpost.core.config.loading import pipeline_to_dict
+    from flowpost.core.io import check_writable_workspace
     from flowpost.core.process_group import export_topology
-    from flowpost.flows.api import check_prefect_api
+    from flowpost.flows.api import check_prefect_api, temporary_prefect_server
     from flowpost.tasks.guard_record import describe_guard
     from flowpost.tasks.interrupts import stop_run_on_signals
+    from flowpost.tasks.workspace import checked_workspace
     from flowpost.tasks.workspace_lock import workspace_lock
 
     config = _load(pipeline, set_, smoke=smoke)
     export_topology(num_machines, machine_rank, main_process_ip, main_process_port)
+    check_writable_workspace(checked_workspace(workspace))
     _quiet_prefect_defaults()
     # the lock is taken before a temporary Prefect server starts; a signal stops that server too
     check_prefect_api()
-    with stop_run_on_signals(), workspace_lock(workspace, "flowpost run"):
+    with stop_run_on_signals(), workspace_lock(workspace, "flowpost run"), temporary_prefect_server():
         from flowpost.flows.pipeline import pipeline_flow
 
         results = pipeline_flow(
@@ -161,14 +166,18 @@ def plan(
     """Print which nodes a run would reuse and which it would run (and why), without running anything; then,
     for stages of a real family, the estimated memory per GPU (from the pipeline's configs, no weights read)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from flowpost.tasks.plan import plan_run
     from flowpost.tasks.preflight import COLUMNS, cells, over_budget, stage_memory, visible_gpu_memory
     from flowpost.tasks.runner import PipelineRun
 
-    config = _load(pipeline, set_, smoke=smoke)
+    warnings: list[str] = []
+    config = _load(pipeline, set_, smoke=smoke, warnings=warnings)
     console = Console(width=160)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     table = Table(title=f"plan of pipeline {config.name} in {workspace}")
     table.add_column("node")
     table.add_column("status")
@@ -246,13 +255,20 @@ def dvc_sync(
 
 
 @dvc_app.command("code")
-def dvc_code(out: Annotated[Path, typer.Argument(help="the JSON file to write")]) -> None:
-    """Write the code fingerprint (flowpost's sources, its numeric libraries' versions): DVC's ``code`` stage."""
+def dvc_code(
+    out: Annotated[Path, typer.Argument(help="the folder to write <node>.json into")],
+    pipeline: Annotated[Path | None, typer.Option("--pipeline", "-p")] = None,
+) -> None:
+    """Write each node's code fingerprint (the flowpost modules it runs, its numeric libraries' versions) to
+    OUT/<node>.json: DVC's ``code`` stage."""
     from flowpost.core.io import check_output_file
-    from flowpost.tasks.dvc import write_code_file
+    from flowpost.tasks.dvc import write_code_files
 
-    check_output_file(out, where="OUT", example="code.json")
-    typer.echo(f"code {write_code_file(out)[:12]} -> {out}")
+    if out.exists() and not out.is_dir():
+        raise FlowpostError(f"{out} is a file; give a folder, e.g. workspace/code", where="OUT")
+    check_output_file(out / "node.json", where="OUT", example="node.json")
+    written = write_code_files(_load(pipeline, None), out)
+    typer.echo("\n".join(f"{node} code {code[:12]}" for node, code in written.items()) + f"\n-> {out}")
 
 
 @app.command("check-consistency")
@@ -275,9 +291,12 @@ def check_consistency(
 
 @app.command()
 def validate(pipeline: Annotated[Path, typer.Argument()], set_: SetOpt = None) -> None:
-    """Check a pipeline file without running anything (exit 0 when valid)."""
-    config = _load(pipeline, set_)
+    """Check a pipeline file without running anything (exit 0 when valid; warnings name what cannot learn)."""
+    warnings: list[str] = []
+    config = _load(pipeline, set_, warnings=warnings)
     typer.echo(f"{pipeline}: valid pipeline {config.name!r} with stages {', '.join(config.stages)}")
+    for warning in warnings:
+        typer.echo(f"warning: {warning}")
 
 
 @config_app.command("show")
@@ -301,6 +320,10 @@ def sample(
     steps: Annotated[int, typer.Option(min=1)] = 20,
     guidance: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[int, typer.Option()] = 0,
+    base: Annotated[
+        str | None,
+        typer.Option("--base", help="the base pipeline (folder or hub id), when it moved since training"),
+    ] = None,
 ) -> None:
     """Generate ``n`` samples of one prompt into a PNG grid (a video model: an mp4 of the clips tiled)."""
     from flowpost.core.io import file_errors_reported
@@ -314,7 +337,7 @@ def sample(
             where=str(export),
         )
     with file_errors_reported("flowpost sample", where=out or export):
-        _, written = sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed)
+        _, written = sample_prompts(export, [prompt] * n, out=out, steps=steps, guidance=guidance, seed=seed, base=base)
     typer.echo(f"wrote {written}")
 
 

@@ -73,8 +73,8 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
     ],
     "dvc code": [
         (["dvc", "code"], USAGE, "Missing argument 'out'"),
-        (["dvc", "code", "empty"], ERROR, "OUT: empty is a folder; give a file path, e.g. empty/code.json"),
-        (["dvc", "code", "a-file/code.json"], ERROR, "OUT: "),
+        (["dvc", "code", "a-file"], ERROR, "OUT: a-file is a file; give a folder, e.g. workspace/code"),
+        (["dvc", "code", "a-file/code"], ERROR, "OUT: "),
     ],
     "check-consistency": [
         (["check-consistency", "missing.yaml"], ERROR, "missing.yaml: pipeline file not found"),

@@ -4,10 +4,11 @@ itself back."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from flowpost.tasks.code_scope import import_graph  # the parser the code fingerprints' scopes use
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flowpost"
 # stage.py, the per-rank entry point of a training stage, wires data and core; tasks start or import it.
@@ -38,40 +39,6 @@ def test_layer_imports_nothing_above_it(layer: str) -> None:
         if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[layer])
     ]
     assert offenders == []
-
-
-def _module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _base(node: ast.ImportFrom, package: str) -> str:
-    """The absolute module a ``from ... import`` names (relative ones resolved against ``package``)."""
-    if not node.level:
-        return node.module or ""
-    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-    return ".".join([*parts, node.module] if node.module else parts)
-
-
-def _targets(path: Path, module: str, modules: set[str]) -> Iterator[str]:
-    """The package modules ``path`` imports anywhere in it (lazy and ``TYPE_CHECKING`` imports included)."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names if alias.name in modules)
-        elif isinstance(node, ast.ImportFrom):
-            base = _base(node, package)
-            for alias in node.names:
-                if f"{base}.{alias.name}" in modules:
-                    yield f"{base}.{alias.name}"
-                elif base in modules:
-                    yield base
-
-
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the modules of the package at ``root`` it imports."""
-    paths = {_module_name(path, root): path for path in sorted(root.rglob("*.py"))}
-    return {module: set(_targets(path, module, set(paths))) for module, path in paths.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -145,6 +112,7 @@ def test_the_import_graph_resolves_relative_lazy_and_submodule_imports(tmp_path:
         "pkg.sub.c": {"pkg.a"},
     }
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
+    assert import_graph(tmp_path / "pkg", runtime_only=True)["pkg.sub.c"] == set()  # what runs: no TYPE_CHECKING
 
 
 def test_no_import_cycle_inside_the_package() -> None:

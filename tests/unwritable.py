@@ -43,3 +43,28 @@ def file_size_limit(size: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str = "256k") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``folder`` inside the block (root only: skips otherwise): writes past
+    it fail with ``ENOSPC``, as on a full disk. It is unmounted afterwards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(folder: Path) -> None:
+    """Write into ``folder`` until its disk is full."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        with contextlib.suppress(OSError):
+            while os.write(fd, bytes(4096)):
+                pass
+    finally:
+        os.close(fd)

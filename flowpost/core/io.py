@@ -14,9 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from safetensors import SafetensorError
+
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
 _NETWORK_ERRORS = (ConnectionError, TimeoutError)  # transient: a retry may pass
 _WHAT_TO_DO = "check the path, free space on the disk or make the folder writable, then run it again"
+_OS_ERROR_CODE = re.compile(r"os error (\d+)|code: (\d+)")  # safetensors' "... (os error 28)" or "Os { code: 28"
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -77,7 +80,7 @@ def atomic_file(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        if (named := _naming_final(exc, path)) is not None:
+        if (named := _naming_final(_as_os_error(exc), path)) is not None:
             raise named from exc
         raise
 
@@ -143,9 +146,46 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     except BaseException as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        if (named := _naming_final(exc, final)) is not None:
+        if (named := _naming_final(_as_os_error(exc), final)) is not None:
             raise named from exc
         raise
+
+
+def _as_os_error(exc: BaseException) -> BaseException:
+    """``exc``, or the OSError (naming no file) a safetensors write or read failure stands for: safetensors
+    raises its own error type for a full disk, with the OS error only in its text."""
+    found = _OS_ERROR_CODE.search(str(exc)) if isinstance(exc, SafetensorError) else None
+    if found is None:
+        return exc
+    number = int(found.group(1) or found.group(2))
+    return OSError(number, os.strerror(number))
+
+
+def unwritable(folder: str | Path) -> str | None:
+    """None when a small file can be written, synced and removed in ``folder`` (or its nearest existing
+    parent), else the reason it cannot (``Read-only file system``, ``No space left on device``)."""
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.is_dir())
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".flowpost-probe.") as probe:
+            probe.write(bytes(4096))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def check_writable_workspace(workspace: str | Path) -> None:
+    """A FlowpostError naming ``workspace`` when a small file cannot be written in it (a read-only or full disk)."""
+    from flowpost.errors import FlowpostError
+
+    if (why := unwritable(workspace)) is not None:
+        raise FlowpostError(
+            f"the workspace cannot be written ({why}); make it writable or free space on its disk, or pass another "
+            "folder with --workspace",
+            where=str(workspace),
+        )
 
 
 def _naming_final(exc: BaseException, final: Path) -> OSError | None:
@@ -174,6 +214,11 @@ def file_errors_reported(action: str, *, where: str | Path) -> Iterator[None]:
 
     try:
         yield
+    except SafetensorError as exc:  # its own type for a full disk; the file is not named
+        error = _as_os_error(exc)
+        if not isinstance(error, OSError):
+            raise
+        raise FlowpostError(f"{action} failed ({error.strerror}); {_WHAT_TO_DO}", where=os.fsdecode(where)) from exc
     except shutil.Error as exc:  # copytree gathers (source, destination, why) of each file that failed
         failures = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
         _, target, why = failures[0] if failures else (None, where, str(exc))

@@ -6,8 +6,11 @@ FSDP2 shards all of them over the ranks; DeepSpeed ZeRO-2 shards gradients and o
 replicates everything. Activations are rough: ``ACTIVATION_BYTES`` per token, hidden unit and block in
 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", without
 the attention-score term fused attention kernels do not store), twice that in fp32; with gradient
-checkpointing, each block's input plus one block's activations. Workspace, fragmentation, the CUDA
-context, the VAE and the reward model come on top.
+checkpointing, each block's input plus one block's activations. LoRA adds each adapted layer's rank-wide
+intermediate per token (what its up-projection keeps for backward), so it grows with the rank: the ranks
+summed over the layers, taken as ``trainable / (2 * hidden)`` (each layer about ``hidden`` wide on both
+sides), over every token (a layer of one stream of a dual-stream block sees fewer: an upper bound).
+Workspace, fragmentation, the CUDA context, the VAE and the reward model come on top.
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ def estimate_memory(
     micro_batch: int,
     text_tokens: int,
     activation_itemsize: int,
+    lora: bool = False,
 ) -> MemoryEstimate:
     """Per-GPU bytes for ``roles`` trainable copies (LoRA: adapters on one shared base) and ``snapshots``,
-    training ``micro_batch`` samples per GPU of ``image_tokens + text_tokens`` tokens."""
+    training ``micro_batch`` samples per GPU of ``image_tokens + text_tokens`` tokens; ``lora``: the trainable
+    parameters are adapters, whose intermediates grow with their rank."""
     frozen = footprint.weight_bytes - footprint.trainable_bytes
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
@@ -60,6 +65,10 @@ def estimate_memory(
         per_sample = footprint.blocks * tokens * footprint.hidden * activation_itemsize + per_block
     else:
         per_sample = footprint.blocks * per_block
+    if lora:
+        adapter_units = footprint.trainable / (2 * footprint.hidden)  # the ranks of every adapted layer, summed
+        share = 1 / footprint.blocks if footprint.checkpointing and footprint.blocks else 1.0  # one block at a time
+        per_sample += tokens * adapter_units * share * activation_itemsize
     return MemoryEstimate(
         weights=(frozen + trainable) * weight_share,
         gradients=trainable * state_share,

@@ -132,10 +132,14 @@ def pipeline_flow(
     doubled at each retry (a training node resumes from its checkpoints). When a node fails, nodes
     downstream of it do not run and the flow fails with that node's message. The flow holds the
     workspace's lock (``flowpost run`` already does; a scheduled or deployed run takes it here).
-    SIGINT or SIGTERM stops the stages and the processes the run started and exits 130 or 143.
+    SIGINT or SIGTERM stops the stages and the processes the run started and exits 130 or 143. A
+    ``FlowpostError`` fails the flow with its message, without a traceback in the log.
     """
-    with stop_run_on_signals(), workspace_lock(workspace, "flowpost flow run"):
-        return _run_pipeline(pipeline, workspace, refresh, resume, retries, retry_delay_seconds)
+    try:
+        with stop_run_on_signals(), workspace_lock(workspace, "flowpost flow run"):
+            return _run_pipeline(pipeline, workspace, refresh, resume, retries, retry_delay_seconds)
+    except FlowpostError as exc:
+        return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
 
 
 def _run_pipeline(

@@ -11,6 +11,7 @@ from prefect import flow
 
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict
 from flowpost.errors import FlowpostError
+from flowpost.flows.api import temporary_prefect_server
 from flowpost.flows.pipeline import pipeline_flow
 from flowpost.tasks.runner import NodeResult
 from flowpost.tasks.workspace import checked_workspace
@@ -69,13 +70,15 @@ def _description(pipeline_file: Path | None, workspace: Path, cron: str | None) 
 
 def serve_pipeline(pipeline_file: Path | None, overrides: list[str], workspace: Path, *, cron: str, name: str) -> None:
     """Serve ``retrain_flow`` as deployment ``flowpost-retrain/<name>`` on ``cron`` until interrupted."""
-    retrain_flow.serve(
-        name=name,
-        cron=cron,
-        parameters=retrain_parameters(pipeline_file, overrides, workspace, cron=cron, name=name),
-        tags=["flowpost"],
-        description=_description(pipeline_file, workspace, cron),
-    )
+    parameters = retrain_parameters(pipeline_file, overrides, workspace, cron=cron, name=name)
+    with temporary_prefect_server():
+        retrain_flow.serve(
+            name=name,
+            cron=cron,
+            parameters=parameters,
+            tags=["flowpost"],
+            description=_description(pipeline_file, workspace, cron),
+        )
 
 
 def ensure_process_pool(pool: str) -> None:

@@ -8,10 +8,13 @@ killed ``dvc repro`` resumes (with ``evaluate.every`` the eval stages depend on 
 promotion gate and stages with ``init: previous`` read it, so their stages are ``always_changed``
 (flowpost still reuses what did not change: a training stage resumes its finished checkpoints).
 
-The code fingerprint (flowpost's sources and the numeric libraries' versions, as the runner hashes
-them) reaches DVC through the ``code`` stage: ``always_changed``, it writes ``workspace/code.json``,
-on which every node's stage depends, so a new flowpost, installed editable or as a package, reruns
-what depends on it, and nothing in the two files depends on where flowpost is installed.
+Each node's code fingerprint (the sources of the flowpost modules in its scope and the numeric
+libraries' versions, as the runner hashes them: ``graph.code_fingerprint``) reaches DVC through the
+``code`` stage: ``always_changed``, it writes ``workspace/code/<node>.json`` for every node, the first
+dependency of that node's stage, so a new flowpost, installed editable or as a package, reruns the nodes
+whose code changed, as ``flowpost plan`` does, and nothing in the two files depends on where flowpost is
+installed. A stage, condition cache or latent cache whose ``model.pretrained`` is a local folder depends
+on that folder and on its ``model.components`` folders, as its fingerprint does (a hub id is a param).
 """
 
 from __future__ import annotations
@@ -25,16 +28,19 @@ import yaml
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import file_errors_reported, write_bytes_atomic
+from flowpost.core.models.pretrained import is_hub_id
 from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
+from flowpost.tasks.code_scope import installed_code
 from flowpost.tasks.curve import CURVE_FILE
-from flowpost.tasks.graph import Node, NodeKind, build_nodes, code_fingerprint, fixed_folder, reads_promoted
+from flowpost.tasks.graph import Node, NodeKind, build_nodes, code_scope, fixed_folder, reads_promoted
+from flowpost.tasks.runner import PRETRAINED_KINDS
 
 PARAMS_FILE = "params.yaml"
 DVC_FILE = "dvc.yaml"
 WORKSPACE = "workspace"
 CODE_STAGE = "code"
-CODE_FILE = f"{WORKSPACE}/code.json"  # the code fingerprint, the first dependency of every node's stage
+CODE_DIR = f"{WORKSPACE}/code"  # <node>.json: the node's code fingerprint, the first dependency of its stage
 HEADER = "# Written by `flowpost dvc sync`; edit the pipeline file and sync again instead of editing this.\n"
 
 
@@ -75,22 +81,33 @@ def _outs(node: Node, folder: str) -> dict[str, list[Any]]:
     return {"outs": [folder]}
 
 
+def code_file(node_id: str) -> str:
+    """The ``code`` stage's out holding ``node_id``'s code fingerprint."""
+    return f"{CODE_DIR}/{node_id}.json"
+
+
 def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
     """The ``dvc.yaml`` mapping: the ``code`` stage, then one stage per node."""
     nodes = build_nodes(pipeline)
     folders = {node.id: f"{WORKSPACE}/{fixed_folder(node, pipeline)}" for node in nodes}
     stages: dict[str, Any] = {
-        CODE_STAGE: {"cmd": f"flowpost dvc code {CODE_FILE}", "always_changed": True, "outs": [CODE_FILE]}
+        CODE_STAGE: {
+            "cmd": f"flowpost dvc code {CODE_DIR} --pipeline {PARAMS_FILE}",
+            "always_changed": True,
+            "outs": [code_file(node.id) for node in nodes],
+        }
     }
     for node in nodes:
-        deps = [CODE_FILE, *(_dep_path(folders[dep], dep) for dep in node.deps)]
+        deps = [code_file(node.id), *(_dep_path(folders[dep], dep) for dep in node.deps)]
         if node.kind is NodeKind.EVAL and pipeline.evaluate.every is not None:
             deps.append(f"{folders[f'train.{node.key}']}/checkpoints")  # the curve scores them
         dataset = pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
         deps += source_dependencies(dataset, where=f"datasets.{node.key}") if dataset is not None else []
+        deps += pretrained_dependencies(node)
         stage: dict[str, Any] = {
             "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
-            "deps": deps,  # DVC hashes what the acquisitions read outside the workspace (prompts, media, shards)
+            # DVC hashes what the node reads outside the workspace (prompts, media, shards, local pretrained weights)
+            "deps": deps,
             "params": _params(node, pipeline),
         }
         stage |= _outs(node, folders[node.id])
@@ -98,6 +115,16 @@ def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
             stage["always_changed"] = True
         stages[node.id] = stage
     return {"stages": stages, **_curve_plots(pipeline, folders)}
+
+
+def pretrained_dependencies(node: Node) -> list[str]:
+    """The local folders a node's ``model.pretrained`` (unless a hub id, which its params pin) and
+    ``model.components`` name: the files its fingerprint hashes (``PRETRAINED_KINDS`` of the runner)."""
+    model = (node.config.get("model") or {}) if node.kind in PRETRAINED_KINDS else {}
+    if model.get("pretrained") is None:
+        return []
+    folders = [] if is_hub_id(model["pretrained"]) else [model["pretrained"]]
+    return [*folders, *(folder for _, folder in sorted((model.get("components") or {}).items()))]
 
 
 def _curve_plots(pipeline: PipelineConfig, folders: dict[str, str]) -> dict[str, Any]:
@@ -137,12 +164,24 @@ def render(pipeline: PipelineConfig) -> dict[str, str]:
     }
 
 
-def write_code_file(path: Path) -> str:
-    """Write the code fingerprint to ``path`` (the ``code`` stage's out) and return it."""
-    fingerprint = code_fingerprint()
-    with file_errors_reported("writing the code fingerprint", where=path):
-        write_bytes_atomic(path, (json.dumps({"code": fingerprint}, indent=2) + "\n").encode())
-    return fingerprint
+def code_files(pipeline: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """Node id -> what its ``code/<node>.json`` holds: its code fingerprint and the modules of its scope."""
+    package = installed_code()
+    files = {}
+    for node in build_nodes(pipeline):
+        modules = code_scope(node, package)
+        files[node.id] = {"code": package.fingerprint(modules), "modules": modules}
+    return files
+
+
+def write_code_files(pipeline: PipelineConfig, folder: Path) -> dict[str, str]:
+    """Write ``folder/<node>.json`` for every node (the ``code`` stage's outs); node id -> code fingerprint."""
+    files = code_files(pipeline)
+    for node_id, content in files.items():
+        path = folder / f"{node_id}.json"
+        with file_errors_reported("writing the code fingerprint", where=path):
+            write_bytes_atomic(path, (json.dumps(content, indent=2) + "\n").encode())
+    return {node_id: content["code"] for node_id, content in files.items()}
 
 
 def sync(pipeline: PipelineConfig, root: Path, *, force: bool = False) -> list[Path]:

@@ -1,5 +1,6 @@
-"""Node ``eval.<stage>``: sample a dataset's held-out prompts from a stage's weights and score them with
-the configured metrics, once per noise seed."""
+"""Node ``eval.<stage>``: sample a dataset's held-out prompts (every prompt of a prompt-files dataset: test
+prompts kept apart from the training ones) from a stage's weights and score them with the configured metrics,
+once per noise seed."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import load_adapter
 from flowpost.data.condition_cache import load_conditions
-from flowpost.data.eval_split import read_eval_split
+from flowpost.data.eval_split import EvalSplit, read_eval_split
+from flowpost.data.stage_inputs import read_prompt_set
 from flowpost.tasks.curve import Counter, checkpoint_curve, due_checkpoints, write_curve
 from flowpost.tasks.weights import stage_weights
 
@@ -51,7 +53,7 @@ def evaluate_stage(
     assert config.metrics is not None  # the schema fills in or requires them
     weights_dir, weights = stage_weights(train_dir, config.weights)
     adapter = load_adapter(weights_dir)
-    split = read_eval_split(dataset_dir, where="evaluate.dataset")
+    split = evaluation_prompts(dataset_dir)
     assets = dataset_dir / "assets" if (dataset_dir / "assets").is_dir() else None
     metrics: dict[str, Metric] = {
         metric.result_key: build_metric(
@@ -128,6 +130,16 @@ def evaluate_stage(
         result["curve"] = str(write_curve(out_dir, curve))
     write_json_atomic(out_dir / "metrics.json", result)
     return result
+
+
+def evaluation_prompts(dataset_dir: Path) -> EvalSplit:
+    """The prompts to evaluate on: all of a prompt-files dataset (the schema keeps it out of training), else the
+    dataset's held-out split with its real images."""
+    manifest = read_json(dataset_dir / "manifest.json", what="dataset manifest")
+    if manifest.get("source") != "prompt-files":
+        return read_eval_split(dataset_dir, where="evaluate.dataset")
+    pairs = read_prompt_set(dataset_dir)
+    return EvalSplit([prompt for prompt, _ in pairs], [metadata for _, metadata in pairs], None)
 
 
 def _means(summary: dict[str, Any]) -> dict[str, float]:

@@ -29,9 +29,11 @@ def export_stage(
 ) -> dict[str, Any]:
     """Copy a stage's weights to ``out_dir`` and describe them: ``transformer/`` (LoRA merged) loads with
     diffusers' ``from_pretrained``, ``lora/`` (when the stage trained LoRA) with ``load_lora_weights``, and
-    with the ``pipeline`` format the folder itself with ``DiffusionPipeline.from_pretrained``."""
+    with the ``pipeline`` format the folder itself with ``DiffusionPipeline.from_pretrained``. A pretrained
+    family's ``scheduler/`` comes along, so ``flowpost sample`` needs only the VAE and text encoders of the
+    source pipeline (none with the ``pipeline`` format)."""
     source, used = stage_weights(train_dir, weights)
-    for part in ("transformer", LORA_DIR, LORA_BASE_DIR):
+    for part in ("transformer", "scheduler", LORA_DIR, LORA_BASE_DIR):
         if (out_dir / part).exists():
             shutil.rmtree(out_dir / part)
         if (source / part).is_dir():

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cache
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from flowpost.core.config.schema import DatasetConfig, PipelineConfig
 from flowpost.core.io import sha256_json
+from flowpost.tasks.code_scope import PackageCode, installed_code
 
 
 class NodeKind(StrEnum):
@@ -198,20 +195,39 @@ def _train_config(stage: dict[str, Any]) -> dict[str, Any]:
     return {**stage, "callbacks": callbacks, "launch": launch}
 
 
-@cache
-def code_fingerprint() -> str:
-    """Hash of the flowpost sources plus the versions of the numeric libraries they run on."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    for dist in ("torch", "diffusers", "transformers", "accelerate", "numpy", "scikit-learn"):
-        try:
-            digest.update(f"{dist}=={metadata.version(dist)}".encode())
-        except metadata.PackageNotFoundError:
-            digest.update(f"{dist}==absent".encode())
-    return digest.hexdigest()
+# The modules each node kind runs: its task function's file (a training node's also the stage process it
+# starts). What the runner, the graph, the flows, DVC and the CLI add decides which nodes run, not what a
+# node computes, so it is in no scope; the registered trainer, family, rewards and metrics a node's config
+# names are added to its scope (``PackageCode.registered``).
+CODE_ENTRIES: dict[NodeKind, tuple[str, ...]] = {
+    NodeKind.ACQUIRE: ("flowpost.tasks.acquire",),
+    NodeKind.CONDITIONS: ("flowpost.tasks.conditions",),
+    NodeKind.LATENTS: ("flowpost.tasks.latents",),
+    NodeKind.TRAIN: ("flowpost.tasks.train", "flowpost.stage"),
+    NodeKind.EVAL: ("flowpost.tasks.evaluate",),
+    NodeKind.EXPORT: ("flowpost.tasks.export",),
+    NodeKind.PROMOTE: ("flowpost.tasks.promote",),
+    NodeKind.REPORT: ("flowpost.tasks.report",),
+}
+SAMPLED_ENTRIES = {"trajectories": "flowpost.tasks.trajectories", "sample": "flowpost.tasks.sample_pairs"}
+
+
+def code_scope(node: Node, package: PackageCode | None = None) -> list[str]:
+    """The flowpost modules ``node``'s result depends on: its kind's entry modules (and a sampled dataset's
+    sampler), the registered modules its config names, their imports transitively (``tasks/code_scope.py``).
+
+    The model a sampled dataset, an evaluation or an export loads is the stage's, whose family is in the
+    training node's scope: a change there reaches them through its fingerprint."""
+    package = package or installed_code()
+    acquire = node.kind is NodeKind.ACQUIRE
+    sampled = [module for key, module in SAMPLED_ENTRIES.items() if acquire and node.config.get(key)]
+    return package.scope([*CODE_ENTRIES[node.kind], *sampled], node.config)
+
+
+def code_fingerprint(node: Node, package: PackageCode | None = None) -> str:
+    """Hash of the sources of ``node``'s code scope plus the versions of the numeric libraries they run on."""
+    package = package or installed_code()
+    return package.fingerprint(code_scope(node, package))
 
 
 def reads_promoted(node: Node) -> bool:
@@ -220,16 +236,18 @@ def reads_promoted(node: Node) -> bool:
 
 
 def fingerprint_inputs(
-    nodes: list[Node], *, code: str | None = None, sources: Sources | None = None
+    nodes: list[Node], *, code: str | PackageCode | None = None, sources: Sources | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Node id -> what its fingerprint hashes: kind, config, upstream fingerprints, code fingerprint,
+    """Node id -> what its fingerprint hashes: kind, config, upstream fingerprints, the code fingerprint of
+    its scope (in ``code``'s sources, by default the running flowpost's; a string: that, for every node),
     and the node's ``sources`` (state outside the config its result depends on) when it has any."""
-    code = code or code_fingerprint()
+    package = code if isinstance(code, PackageCode) else None
     inputs: dict[str, dict[str, Any]] = {}
     prints: dict[str, str] = {}
     for node in nodes:
         deps = {d: prints[d] for d in node.deps}
-        inputs[node.id] = {"kind": node.kind.value, "config": node.config, "deps": deps, "code": code}
+        node_code = code if isinstance(code, str) else code_fingerprint(node, package)
+        inputs[node.id] = {"kind": node.kind.value, "config": node.config, "deps": deps, "code": node_code}
         found = sources(node, deps) if sources is not None else {}
         if found:
             inputs[node.id]["sources"] = found
@@ -237,7 +255,9 @@ def fingerprint_inputs(
     return inputs
 
 
-def fingerprints(nodes: list[Node], *, code: str | None = None, sources: Sources | None = None) -> dict[str, str]:
-    """Node id -> hash(kind, config, upstream fingerprints, code fingerprint, sources)."""
+def fingerprints(
+    nodes: list[Node], *, code: str | PackageCode | None = None, sources: Sources | None = None
+) -> dict[str, str]:
+    """Node id -> hash(kind, config, upstream fingerprints, code fingerprint of its scope, sources)."""
     inputs = fingerprint_inputs(nodes, code=code, sources=sources)
     return {node: sha256_json(value) for node, value in inputs.items()}

@@ -70,6 +70,7 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
         micro_batch=micro_batch_per_gpu(stage),
         text_tokens=text_tokens(config, stage),
         activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
+        lora=stage.model.lora is not None,
     )
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from safetensors import SafetensorError
+
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema import IMAGE_SOURCES, ModelConfig, PipelineConfig
 from flowpost.core.io import (
@@ -29,6 +31,7 @@ from flowpost.core.io import (
     read_json,
     read_json_object,
     sha256_json,
+    unwritable,
     write_bytes_atomic,
     write_json_atomic,
 )
@@ -171,8 +174,18 @@ class PipelineRun:
                 return NodeResult(node_id, "cached", out, fingerprint, 0.0, done["outputs"])
             log.warning("%s is damaged (%s since it completed); running it again", out, problem)
         self.check_inputs(node_id)
-        with file_errors_reported("writing or reading it", where=out):
-            seconds, outputs = self._run_into(node, out, refresh=refresh, resume=resume, on_event=on_event)
+        try:
+            with file_errors_reported("writing or reading it", where=out):
+                seconds, outputs = self._run_into(node, out, refresh=refresh, resume=resume, on_event=on_event)
+        except FlowpostError as exc:
+            why = None if isinstance(exc.__cause__, (OSError, SafetensorError)) else unwritable(out)
+            if why is None:  # a failure of its own, or a write that already names its file
+                raise
+            raise FlowpostError(
+                f"node {node_id} failed: its folder cannot be written ({why}); make the workspace {self.workspace} "
+                "writable or free space on its disk, then run again (a training node resumes from its last checkpoint)",
+                where=str(out),
+            ) from exc
         return NodeResult(node_id, "ran", out, fingerprint, seconds, outputs)
 
     def _run_into(

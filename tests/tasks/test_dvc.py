@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from flowpost.core.config.loading import load_pipeline, validate_pipeline
-from flowpost.tasks.dvc import CODE_FILE, dvc_stages, out_of_sync, render, write_code_file
-from flowpost.tasks.graph import code_fingerprint
+from flowpost.tasks.dvc import CODE_DIR, dvc_stages, out_of_sync, render, write_code_files
+from flowpost.tasks.graph import build_nodes, code_fingerprint, code_scope
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_each_node_is_a_stage_with_its_params_and_durable_outs(tiny_pipeline) ->
     assert list(stages) == ["code", "acquire.digits", "conditions.minilm", "train.sft", "eval.sft", "export", "report"]
     train = stages["train.sft"]
     assert train["cmd"].startswith("flowpost stage train.sft --pipeline params.yaml --workspace workspace")
-    assert train["deps"] == ["workspace/code.json", "workspace/data/digits", "workspace/conditions/minilm"]
+    assert train["deps"] == ["workspace/code/train.sft.json", "workspace/data/digits", "workspace/conditions/minilm"]
     assert "stages.sft.train" in train["params"] and "stages.sft.callbacks.ema" in train["params"]
     assert not any("trackers" in key or "hang_timeout" in key for key in train["params"])
     assert train["outs"] == [
@@ -36,20 +36,33 @@ def test_each_node_is_a_stage_with_its_params_and_durable_outs(tiny_pipeline) ->
         {"workspace/stages/sft/checkpoints": {"persist": True, "cache": False}},
     ]
     assert "evaluate.after" not in stages["eval.sft"]["params"]
-    assert stages["export"]["deps"] == ["workspace/code.json", "workspace/stages/sft/final", "workspace/eval/sft"]
+    assert stages["export"]["deps"] == [
+        "workspace/code/export.json",
+        "workspace/stages/sft/final",
+        "workspace/eval/sft",
+    ]
     assert stages["report"]["metrics"] == [{"workspace/metrics.json": {"cache": False}}]
 
 
-def test_every_node_depends_on_the_code_stage_which_writes_the_runners_code_fingerprint(
+def test_every_node_depends_on_its_code_file_which_the_code_stage_writes_as_the_runner_fingerprints_it(
     tiny_pipeline, tmp_path: Path
 ) -> None:
-    stages = dvc_stages(validate_pipeline(tiny_pipeline()))["stages"]
-    assert stages["code"] == {"cmd": f"flowpost dvc code {CODE_FILE}", "always_changed": True, "outs": [CODE_FILE]}
-    assert all(stage["deps"][0] == CODE_FILE for name, stage in stages.items() if name != "code")
+    pipeline = validate_pipeline(tiny_pipeline())
+    stages = dvc_stages(pipeline)["stages"]
+    files = [f"{CODE_DIR}/{node}.json" for node in stages if node != "code"]
+    assert stages["code"] == {
+        "cmd": f"flowpost dvc code {CODE_DIR} --pipeline params.yaml",
+        "always_changed": True,
+        "outs": files,
+    }
+    assert [stage["deps"][0] for name, stage in stages.items() if name != "code"] == files
     deps = [dep for stage in stages.values() for dep in stage.get("deps", [])]
     assert all(dep.startswith("workspace/") for dep in deps)  # none depends on where flowpost is installed
-    write_code_file(tmp_path / "code.json")
-    assert json.loads((tmp_path / "code.json").read_text()) == {"code": code_fingerprint()}
+    written = write_code_files(pipeline, tmp_path)
+    for node in build_nodes(pipeline):
+        content = {"code": code_fingerprint(node), "modules": code_scope(node)}
+        assert json.loads((tmp_path / f"{node.id}.json").read_text()) == content
+        assert written[node.id] == content["code"]
 
 
 def test_params_file_is_the_resolved_pipeline(tiny_pipeline) -> None:

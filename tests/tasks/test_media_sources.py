@@ -70,7 +70,7 @@ def _pipeline(tiny_pipeline, dataset: dict[str, Any]) -> dict:
 def test_same_files_are_cached_one_changed_file_reruns_and_dvc_reads_them(source, tiny_pipeline, tmp_path) -> None:
     dataset, one_file, deps = SOURCES[source](tmp_path / "src")
     pipeline = validate_pipeline(_pipeline(tiny_pipeline, dataset))
-    assert dvc_stages(pipeline)["stages"]["acquire.media"]["deps"] == ["workspace/code.json", *deps]
+    assert dvc_stages(pipeline)["stages"]["acquire.media"]["deps"] == ["workspace/code/acquire.media.json", *deps]
 
     run = PipelineRun(pipeline, tmp_path / "ws")
     assert set(run.inputs["acquire.media"]["sources"]) == {SOURCE_FILES}

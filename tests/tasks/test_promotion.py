@@ -189,7 +189,7 @@ def test_the_gate_settings_change_only_the_gate_and_the_report(tiny_pipeline) ->
 def test_the_gate_is_a_dvc_stage_that_reads_the_promoted_record(tiny_pipeline) -> None:
     stages = dvc_stages(validate_pipeline(_with_tune(tiny_pipeline)))["stages"]
     promote = stages["promote"]
-    assert promote["deps"] == ["workspace/code.json", "workspace/stages/sft/export"]
+    assert promote["deps"] == ["workspace/code/promote.json", "workspace/stages/sft/export"]
     assert promote["params"] == ["seed", "smoke", "export.promote"]
     assert promote["outs"] == ["workspace/stages/sft/promotion"] and promote["always_changed"] is True
     assert stages["report"]["deps"][-1] == "workspace/stages/sft/promotion"

@@ -104,11 +104,12 @@ def test_dvc_sync_and_code_that_cannot_write_name_the_file_and_leave_no_partial_
     assert outcome.stderr.startswith(f"error: {tmp_path / 'params.yaml'}: `flowpost dvc sync` failed (File too large)")
     assert _files(tmp_path) == {}
     with file_size_limit(16):
-        outcome = flowpost_main("dvc", "code", str(tmp_path / "code.json"))
+        outcome = flowpost_main("dvc", "code", str(tmp_path))
     assert outcome.code == 1, outcome
-    assert outcome.stderr.startswith(f"error: {tmp_path / 'code.json'}: writing the code fingerprint failed (File too")
+    first = tmp_path / "acquire.digits.json"
+    assert outcome.stderr.startswith(f"error: {first}: writing the code fingerprint failed (File too")
     with read_only(tmp_path):
-        outcome = flowpost_main("dvc", "code", str(tmp_path / "code.json"))
+        outcome = flowpost_main("dvc", "code", str(tmp_path))
     assert outcome.stderr == f"error: OUT: cannot write in {tmp_path} (read-only or not yours); choose another path\n"
     assert _files(tmp_path) == {}
 

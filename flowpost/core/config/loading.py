@@ -6,7 +6,7 @@ import copy
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
@@ -15,7 +15,9 @@ from flowpost.core.config.schema import (
     IMAGE_SOURCES,
     TRAJECTORIES,
     DatasetConfig,
+    ModelConfig,
     PipelineConfig,
+    RewardConfig,
     SamplingConfig,
     StageConfig,
 )
@@ -24,6 +26,9 @@ from flowpost.core.lazy import unknown_name
 from flowpost.core.logging import get_logger
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.errors import FlowpostError
+
+if TYPE_CHECKING:
+    from flowpost.core.models.folder_checks import Codec
 
 DEFAULT_PIPELINE = "digits"
 log = get_logger(__name__)
@@ -125,8 +130,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return result
 
 
-def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> PipelineConfig:
-    """Validate a raw mapping, including each stage's ``train:`` section against its trainer."""
+def validate_pipeline(
+    data: dict[str, Any], *, source: str = "pipeline", warnings: list[str] | None = None
+) -> PipelineConfig:
+    """Validate a raw mapping, including each stage's ``train:`` section against its trainer.
+
+    ``warnings`` collects what validates but cannot work as meant (``pipeline_warnings``); None logs them.
+    """
     try:
         pipeline = PipelineConfig.model_validate(data)
     except ValidationError as exc:
@@ -145,11 +155,17 @@ def validate_pipeline(data: dict[str, Any], *, source: str = "pipeline") -> Pipe
         problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
         problems += _guard_problems(name, stage, arguments, pipeline.datasets)
         problems += _stage_model_problems(name, stage)
+        problems += _stage_channel_problems(name, stage, arguments.execution_contract, pipeline)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
-    if problems := _cache_model_problems(pipeline) + _metric_problems(pipeline) + _curve_problems(pipeline):
+    problems = _cache_model_problems(pipeline) + _latent_channel_problems(pipeline)
+    if problems := problems + _metric_problems(pipeline) + _curve_problems(pipeline):
         raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
-    for warning in judge_reward_warnings(pipeline):
+    found = pipeline_warnings(pipeline)
+    if warnings is not None:
+        warnings.extend(found)
+        return pipeline
+    for warning in found:
         log.warning("%s: %s", source, warning)
     return pipeline
 
@@ -185,6 +201,160 @@ def _cache_model_problems(pipeline: PipelineConfig) -> list[str]:
             where, codec.family, codec.pretrained, options=codec.options, components=codec.components
         )
     return problems
+
+
+GRAYSCALE_SOURCES = ("builtin-digits",)  # datasets of single-channel images, with no preprocess.mode
+MODES = {1: "grayscale", 3: "rgb"}  # preprocess.mode by the channels it makes
+
+
+def network_model(pipeline: PipelineConfig, stage: str) -> ModelConfig | None:
+    """The ``model:`` block that defines stage ``stage``'s network: its own, or, following ``model.init`` through
+    earlier stages, the first with ``pretrained`` or starting from scratch; None from the promoted export."""
+    seen = set()
+    while stage in pipeline.stages and stage not in seen:
+        seen.add(stage)
+        model = pipeline.stages[stage].model
+        if model.pretrained is not None or model.init == "scratch":
+            return model
+        stage = model.init
+    return None
+
+
+def _stage_channel_problems(
+    name: str, stage: StageConfig, contract: ExecutionContract, pipeline: PipelineConfig
+) -> list[str]:
+    """The channels of the images a dataset-reading stage trains on, against its family's output codec."""
+    from flowpost.core.models.folder_checks import codec_channels
+
+    if stage.data is None or contract.acquisition is not Acquisition.DATASET:
+        return []
+    model = network_model(pipeline, name)
+    if model is None:
+        return []
+    codec = codec_channels(model.family, model.pretrained, components=model.components, transformer=model.transformer)
+    user = f"stage {name!r} trains on them through"
+    return _channel_problems(pipeline, stage.data.dataset, f"stages.{name}.data.dataset", user, codec)
+
+
+def _latent_channel_problems(pipeline: PipelineConfig) -> list[str]:
+    """The channels of the images each latent cache encodes, against its family's VAE (a pixel-space family's
+    identity codec takes any; the stages reading the cache are checked)."""
+    from flowpost.core.models.folder_checks import codec_channels
+
+    problems = []
+    for key, latents in pipeline.latents.items():
+        codec = latents.model
+        if codec.pretrained is None:
+            continue
+        channels = codec_channels(codec.family, codec.pretrained, components=codec.components, transformer={})
+        user = f"latent cache {key!r} encodes them with"
+        problems += _channel_problems(pipeline, latents.dataset, f"latents.{key}.dataset", user, channels)
+    return problems
+
+
+def _channel_problems(
+    pipeline: PipelineConfig, dataset_name: str, where: str, user: str, codec: Codec | None
+) -> list[str]:
+    """Why dataset ``dataset_name``'s images do not have the ``codec``'s channels (none when it is unknown)."""
+    dataset = pipeline.datasets.get(dataset_name)
+    if dataset is None or codec is None:
+        return []
+    if dataset.source in GRAYSCALE_SOURCES:
+        if not codec.pixel_space:  # the digits stand in for data in the VAE families' configuration checks
+            return []
+        channels = 1
+    elif dataset.source in IMAGE_SOURCES:
+        channels = 1 if dataset.preprocess.mode == "grayscale" else 3
+    else:
+        return []
+    wanted, what, _ = codec
+    if channels == wanted:
+        return []
+    mode, digits = MODES.get(wanted), dataset.source in GRAYSCALE_SOURCES
+    if mode is None:
+        remedy = f"no preprocess.mode makes {wanted} channels; train with a model whose codec takes 1 or 3"
+    elif digits:
+        remedy = f"train on an image dataset with preprocess.mode: {mode}"
+    else:
+        remedy = f"set datasets.{dataset_name}.preprocess.mode: {mode}"
+    if digits:
+        return [f"{where}: {dataset_name!r} holds grayscale digits (1 channel), and {user} {what}; {remedy}"]
+    return [
+        f"datasets.{dataset_name}.preprocess.mode: {dataset.preprocess.mode} makes {channels}-channel images, and "
+        f"{user} {what}; {remedy}"
+    ]
+
+
+def pipeline_warnings(pipeline: PipelineConfig) -> list[str]:
+    """What validates and runs but cannot work as meant, one ``path: message`` line each: an evaluation that
+    cannot tell a better model from a hacked reward, and stages that cannot learn (groups of one sample, rewards
+    of weight 0, LoRA ranks above the width of the layers they adapt)."""
+    warnings = judge_reward_warnings(pipeline)
+    for name, stage in pipeline.stages.items():
+        warnings += _group_warnings(name, stage)
+        warnings += _reward_weight_warnings(f"stages.{name}.rewards", stage.rewards, f"stage {name!r} cannot learn")
+        warnings += _lora_rank_warnings(pipeline, name)
+    for key, dataset in pipeline.datasets.items():
+        if dataset.sample is not None:
+            where, outcome = f"datasets.{key}.sample.rewards", "every pair is a tie"
+            warnings += _reward_weight_warnings(where, dataset.sample.rewards, outcome)
+    return warnings
+
+
+def _group_warnings(name: str, stage: StageConfig) -> list[str]:
+    """A rewarded generating stage with groups of one sample: its advantages compare a sample with its group."""
+    from flowpost.core.trainers.arguments import OnlineArguments
+
+    arguments = stage.arguments()
+    if arguments.execution_contract.feedback is not Feedback.RUNTIME_REWARD:
+        return []
+    if not isinstance(arguments, OnlineArguments) or arguments.group_size != 1:
+        return []
+    return [
+        f"stages.{name}.train.group_size: 1 puts each prompt's sample in a group of its own, and trainer "
+        f"{stage.trainer!r} learns from the reward differences inside a group (group-normalised advantages), so "
+        "every advantage is 0 and the stage cannot learn; set group_size to 2 or more (e.g. 8)"
+    ]
+
+
+def _reward_weight_warnings(where: str, rewards: list[RewardConfig], outcome: str) -> list[str]:
+    """Rewards of weight 0: each scores every sample and adds nothing; all of them: every total is 0."""
+    if rewards and all(reward.weight == 0 for reward in rewards):
+        return [
+            f"{where}: every reward has weight 0, so every sample's total reward is 0 and {outcome}; give a reward "
+            "a nonzero weight"
+        ]
+    return [
+        f"{where}.{i}.weight: 0, so {reward.name!r} is computed for every sample and adds nothing to the total; "
+        "give it a nonzero weight or remove it"
+        for i, reward in enumerate(rewards)
+        if reward.weight == 0
+    ]
+
+
+def _lora_rank_warnings(pipeline: PipelineConfig, name: str) -> list[str]:
+    """A LoRA rank above the width of the narrowest layer it adapts: that adapter is no longer low rank."""
+    from flowpost.core.models.folder_checks import smallest_lora_layer
+
+    lora, model = pipeline.stages[name].model.lora, network_model(pipeline, name)
+    if lora is None or model is None:
+        return []
+    smallest = smallest_lora_layer(
+        model.family,
+        model.pretrained,
+        options=model.options,
+        components=model.components,
+        transformer=model.transformer,
+        targets=lora.targets,
+    )
+    if smallest is None or lora.rank <= smallest[0]:
+        return []
+    width, layer = smallest
+    return [
+        f"stages.{name}.model.lora.rank: {lora.rank} is above the width {width} of the narrowest layer it adapts "
+        f"({layer}), so the adapters are no longer low rank: the one on that layer holds more parameters than the "
+        f"layer itself and learns nothing a rank of {width} would not; use a rank of at most {width} (e.g. 8 to 64)"
+    ]
 
 
 def _metric_problems(pipeline: PipelineConfig) -> list[str]:
@@ -436,11 +606,14 @@ def _role_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -
     return problems
 
 
-def load_pipeline(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
-    """Load, override and validate a pipeline file (the embedded default when ``path`` is None)."""
+def load_pipeline(
+    path: str | Path | None = None, overrides: list[str] | None = None, *, warnings: list[str] | None = None
+) -> PipelineConfig:
+    """Load, override and validate a pipeline file (the embedded default when ``path`` is None); ``warnings``
+    collects its warnings (None logs them)."""
     file = Path(path) if path is not None else default_pipeline_path()
     data = apply_overrides(read_yaml(file), overrides or [])
-    return validate_pipeline(data, source=str(file))
+    return validate_pipeline(data, source=str(file), warnings=warnings)
 
 
 def pipeline_to_dict(pipeline: PipelineConfig) -> dict[str, Any]:

@@ -660,13 +660,19 @@ class GuardConfig(StrictModel):
 RESULT_FIELDS = """trained_reward reward_judge_gap intervals per_seed metrics headline n_samples samples_per_seed
 weights seed eval_seed eval_seeds smoke steps guidance stage step grid curve""".split()
 DIGITS_METRICS = ("adherence", {"name": "digit_adherence", "key": "reward_mean"}, "fd")  # judge, reward, judge FD
+REFERENCE_METRICS = ("fd", "fd_clip", "fd_dinov2")  # compare the samples with held-out real images
 
 
 class EvaluateConfig(StrictModel):
-    """Evaluation of stage checkpoints on a dataset's held-out prompts."""
+    """Evaluation of stage checkpoints on a dataset's held-out prompts: the held-out split of the digits or of
+    an image dataset (``split.eval``), or every prompt of a prompt-files dataset no stage trains on."""
 
     after: list[str] = Field(default_factory=list)
-    dataset: str | None = Field(None, description="held-out prompts and real images; default: first dataset")
+    dataset: str | None = Field(
+        None,
+        description="held-out prompts (and real images): a dataset with a held-out split, or a prompt-files "
+        "dataset of test prompts kept apart from the training ones; default: first dataset",
+    )
     conditions: str | None = Field(None, description="condition cache of the prompts; default: first one")
     metrics: list[MetricConfig] | None = Field(
         None,
@@ -875,7 +881,53 @@ class PipelineConfig(StrictModel):
             return [("evaluate.metrics", f"name the metrics for dataset {name!r}, e.g. [brightness, clip_score]")]
         if dataset.source in IMAGE_SOURCES and dataset.split.eval == 0:
             return [("evaluate.dataset", f"dataset {name!r} holds nothing out; set datasets.{name}.split.eval")]
-        return []
+        cache = self.evaluate.conditions
+        test = "test_prompts" if "test_prompts" not in self.datasets else f"{name}_test"
+        advice = (
+            f"put the test prompts in a file of their own (as Flow-GRPO's test.txt), add it as datasets.{test}: "
+            f"{{source: prompt-files, path: prompts/test.txt}}, list {test} in conditions.{cache}.datasets and set "
+            f"evaluate.dataset: {test}"
+        )
+        if dataset.source in SAMPLED_SOURCES:
+            return [("evaluate.dataset", f"dataset {name!r} is sampled from a stage, not held out; {advice}")]
+        errors = []
+        if dataset.source == "prompt-files":
+            if users := self._prompt_users(name):
+                errors.append(
+                    (
+                        "evaluate.dataset",
+                        f"dataset {name!r} holds training prompts ({users[0]} reads them), so none is held out; "
+                        + advice,
+                    )
+                )
+            errors += [
+                (
+                    f"evaluate.metrics.{i}",
+                    f"{metric.name!r} compares the samples with held-out real images, which prompt-files dataset "
+                    f"{name!r} has none of; drop it, or evaluate on an image dataset with split.eval",
+                )
+                for i, metric in enumerate(self.evaluate.metrics)
+                if metric.name in REFERENCE_METRICS
+            ]
+        if cache in self.conditions and name not in self.conditions[cache].datasets:
+            errors.append(
+                ("evaluate.conditions", f"cache {cache!r} does not encode dataset {name!r}; add it to its datasets")
+            )
+        return errors
+
+    def _prompt_users(self, name: str) -> list[str]:
+        """Where prompt dataset ``name`` is trained on: a stage's data, or a dataset sampled on its prompts."""
+        users = [
+            f"stages.{stage}.data.{key}"
+            for stage, config in self.stages.items()
+            for key in ("dataset", "prompts")
+            if config.data is not None and getattr(config.data, key) == name
+        ]
+        for other, dataset in self.datasets.items():
+            sampled = dataset.trajectories or dataset.sample
+            if sampled is not None and sampled.prompts == name:
+                users.append(f"datasets.{other}.{'trajectories' if dataset.trajectories else 'sample'}.prompts")
+        return users
 
     def _sampled_dataset_problems(
         self, where: str, sampled: TrajectoriesConfig | SampledPairsConfig

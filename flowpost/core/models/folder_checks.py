@@ -1,13 +1,14 @@
 """A ``model:`` block checked before anything runs: the family's ``options`` (names, value types and, from a
 local folder, the family constructor's own refusals) and a local ``pretrained`` folder's ``model_index.json``
 and component configs (the family's pipeline and transformer classes, a flow-matching scheduler, the folders
-of ``components``); no weight is read. A hub id is not checked offline."""
+of ``components``); no weight is read. A hub id is not checked offline. The channels the family's output codec
+takes and the narrowest layer a LoRA adapts are read the same way, for the pipeline checks."""
 
 from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from flowpost.core.io import read_json_object
 from flowpost.core.lazy import unknown_name
@@ -282,3 +283,89 @@ def _config(folder: Path) -> dict[str, Any] | str:
             except FlowpostError as error:
                 return str(error)
     return f"{folder} holds no {' or '.join(CONFIG_FILES)}; give a folder save_pretrained of the component wrote"
+
+
+class Codec(NamedTuple):
+    """The image channels a family's output codec takes, and what says so."""
+
+    channels: int
+    description: str
+    pixel_space: bool  # the transformer takes the images themselves (no VAE)
+
+
+def codec_channels(
+    family: str, pretrained: str | None, *, components: dict[str, str] | None = None, transformer: dict[str, Any]
+) -> Codec | None:
+    """Family ``family``'s output codec: a pipeline family's VAE ``in_channels`` from a local folder's
+    ``vae/config.json`` (None for a hub id or an unreadable config); a pixel-space family's transformer
+    ``in_channels`` (``transformer``: its config overrides)."""
+    from flowpost.core.models.pipeline_family import PipelineFamily
+    from flowpost.core.models.registry import FAMILIES, adapter_class
+
+    if family not in FAMILIES:
+        return None
+    cls = adapter_class(family)
+    if not issubclass(cls, PipelineFamily):
+        if pretrained is not None:
+            return None
+        try:
+            channels = int(_scratch_network(cls, transformer).latent_shape[0])
+        except Exception:  # noqa: BLE001 - a transformer the overrides break is refused when the stage builds it
+            return None
+        return Codec(channels, f"the transformer of family {family!r} (in_channels {channels}, in pixel space)", True)
+    if pretrained is None or is_hub_id(pretrained):
+        return None
+    folder = Path((components or {}).get("vae") or Path(pretrained) / "vae")
+    config = _config(folder)
+    if isinstance(config, str):
+        return None
+    channels = int(config.get("in_channels", config.get("input_channels", 3)))  # diffusers' VAEs default to RGB
+    return Codec(channels, f"the VAE of family {family!r} ({folder}: in_channels {channels})", False)
+
+
+def smallest_lora_layer(
+    family: str,
+    pretrained: str | None,
+    *,
+    options: dict[str, Any],
+    components: dict[str, str] | None,
+    transformer: dict[str, Any],
+    targets: list[str] | None,
+) -> tuple[int, str] | None:
+    """The narrowest layer LoRA with ``targets`` (default: the family's) adapts, as ``min(in, out)`` features and
+    its module name, from the transformer built on the meta device; None when it cannot be built offline."""
+    import torch
+
+    from flowpost.core.models.pipeline_family import PipelineFamily
+    from flowpost.core.models.registry import FAMILIES, adapter_class
+
+    if family not in FAMILIES:
+        return None
+    cls = adapter_class(family)
+    try:
+        if issubclass(cls, PipelineFamily):
+            if pretrained is None or is_hub_id(pretrained):
+                return None
+            source = PretrainedSource(pretrained, components=dict(components or {}))
+            network = cls.without_weights(source, **options).module()
+        elif pretrained is None:
+            network = _scratch_network(cls, transformer).module()
+        else:
+            return None
+    except Exception:  # noqa: BLE001 - a model block the checks above refuse, or one only a run can judge
+        return None
+    names = tuple(targets or getattr(cls, "lora_targets", ()))
+    widths = [
+        (min(module.in_features, module.out_features), path)
+        for path, module in network.named_modules()
+        if isinstance(module, torch.nn.Linear) and any(path == t or path.endswith(f".{t}") for t in names)
+    ]
+    return min(widths) if widths else None
+
+
+def _scratch_network(cls: Any, transformer: dict[str, Any]) -> Any:
+    """A family trained from scratch, its transformer (with the ``transformer`` overrides) on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        return cls.from_scratch(seed=0, overrides=transformer)

@@ -108,7 +108,12 @@ class PipelineFamily(TransformerAdapter):
         """The transformer (``weights=False``: on the meta device, from its config) and the scheduler."""
         diffusers = cls.diffusers_module()
         transformer = cls._transformer(source, getattr(diffusers, cls.transformer_class), weights=weights)
-        return transformer, source.load("scheduler", diffusers.FlowMatchEulerDiscreteScheduler, weights=False)
+        return transformer, cls._scheduler(source)
+
+    @classmethod
+    def _scheduler(cls, source: PretrainedSource) -> Any:
+        """The pipeline's flow-match Euler scheduler."""
+        return source.load("scheduler", cls.diffusers_module().FlowMatchEulerDiscreteScheduler, weights=False)
 
     @staticmethod
     def _transformer(source: PretrainedSource, loader: Any, *, weights: bool) -> torch.nn.Module:
@@ -129,15 +134,29 @@ class PipelineFamily(TransformerAdapter):
         return adapter
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> Self:
-        """A folder ``save_pretrained`` wrote (its manifest names the source pipeline), or a pipeline folder."""
+    def from_pretrained(cls, path: str | Path, *, base: str | None = None) -> Self:
+        """A folder ``save_pretrained`` or ``export`` wrote, or a pipeline folder. The VAE, the text encoders and,
+        when the folder has no ``scheduler/``, the scheduler come from ``base_source``."""
         if not (Path(path) / ADAPTER_FILE).is_file():
             return cls.from_pipeline(PretrainedSource(str(path)))
         meta = read_json(Path(path) / ADAPTER_FILE, what="model adapter manifest")
-        source = PretrainedSource(**meta["pretrained"])
+        source = cls.base_source(path, base)
         own = PretrainedSource(str(path), torch_dtype=source.torch_dtype)
+        transformer = cls._transformer(own, getattr(cls.diffusers_module(), cls.transformer_class), weights=True)
+        scheduler = cls._scheduler(own if (Path(path) / "scheduler").is_dir() else source)  # older exports: none
         options = {name: meta[name] for name in cls.options if name in meta}  # older manifests lack newer options
-        return cls(*cls._load(own), source, encoder_max_length=int(meta["encoder_max_length"]), **options)
+        return cls(transformer, scheduler, source, encoder_max_length=int(meta["encoder_max_length"]), **options)
+
+    @staticmethod
+    def base_source(path: str | Path, base: str | None = None) -> PretrainedSource:
+        """The pipeline a saved folder samples with: the folder itself when it is a whole pipeline (a
+        ``pipeline``-format export, with ``model_index.json``), else the one its manifest names, at ``base``
+        when given (a moved folder)."""
+        meta = read_json(Path(path) / ADAPTER_FILE, what="model adapter manifest")
+        source = PretrainedSource(**meta["pretrained"])
+        if base is None and (Path(path) / "model_index.json").is_file():
+            return PretrainedSource(str(path), torch_dtype=source.torch_dtype)
+        return source if base is None else dataclasses.replace(source, path=base)
 
     def save_pretrained(self, path: str | Path) -> None:
         """The transformer (LoRA merged) and scheduler as diffusers folders; the manifest names the source pipeline."""

@@ -167,6 +167,26 @@ class PretrainedSource:
                 )
         return components
 
+    def unreachable(self) -> str | None:
+        """Why this pipeline cannot be read, in one line (a folder or component folder that is not there, a
+        hub id neither cached nor downloadable), else None; reads at most its ``model_index.json``."""
+        for name, folder in sorted(self.components.items()):
+            if not Path(folder).is_dir():
+                return f"its {name!r} component folder {folder} does not exist"
+        if Path(self.path).is_dir():
+            if not (Path(self.path) / "model_index.json").is_file():
+                return f"{self.path} is not a diffusers pipeline folder (it has no model_index.json)"
+            return None
+        if not is_hub_id(self.path):
+            return f"{self.path} does not exist"
+        from diffusers import DiffusionPipeline
+
+        try:
+            DiffusionPipeline.load_config(self.path, revision=self.revision)
+        except (OSError, ValueError):
+            return f"{self.path} is neither a folder here nor a hub pipeline in the local cache or downloadable now"
+        return None
+
     def fingerprint(self) -> str:
         """Identifies the weights: every file of a local folder by name and SHA-256 (``model_index.json``
         and the component configs included), or the hub id at its revision (a branch may move); then each

@@ -88,18 +88,16 @@ class Wan2Adapter(PipelineFamily):
         return super().from_pipeline(source, **options)
 
     @classmethod
-    def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
-        """The transformer (``weights=False``: on the meta device), and the scheduler of the class its config
-        names (Wan ships UniPC or flow-match Euler)."""
+    def _scheduler(cls, source: PretrainedSource) -> Any:
+        """The scheduler of the class its config names (Wan ships UniPC or flow-match Euler)."""
         diffusers = cls.diffusers_module()
-        transformer = cls._transformer(source, diffusers.WanTransformer3DModel, weights=weights)
         name = source.config("scheduler", diffusers.FlowMatchEulerDiscreteScheduler).get("_class_name")
         if name not in SCHEDULERS:
             raise FlowpostError(
                 f"its scheduler is {name!r}; wan2 samples on the sigmas of one of {', '.join(SCHEDULERS)}",
                 where=f"{source.path}/scheduler",
             )
-        return transformer, source.load("scheduler", getattr(diffusers, name), weights=False)
+        return source.load("scheduler", getattr(diffusers, name), weights=False)
 
     @staticmethod
     def scheduler_shift(config: Any) -> float:

@@ -11,11 +11,13 @@ if TYPE_CHECKING:
     from flowpost.core.rewards.base import Reward
 
 REWARDS: dict[str, str] = {
+    "aesthetic": "flowpost.core.rewards.aesthetic:AestheticScore",
     "clip_score": "flowpost.core.rewards.clip:ClipScore",
     "digit_adherence": "flowpost.core.rewards.digit_adherence:DigitAdherence",
     "jpeg_compressibility": "flowpost.core.rewards.jpeg:JpegCompressibility",
     "jpeg_incompressibility": "flowpost.core.rewards.jpeg:JpegIncompressibility",
     "mean_brightness": "flowpost.core.rewards.brightness:BrightnessReward",
+    "ocr": "flowpost.core.rewards.ocr:OcrReward",
     "pickscore": "flowpost.core.rewards.clip:PickScore",
     "remote": "flowpost.core.rewards.remote:RemoteReward",
 }

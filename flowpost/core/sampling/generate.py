@@ -11,9 +11,10 @@ from torch import Tensor
 from flowpost.core.conditions import NULL_PROMPT, ConditionBatch
 from flowpost.core.evaluation.grid import save_grid
 from flowpost.core.evaluation.video import save_video
-from flowpost.core.io import check_output_file
-from flowpost.core.models.base import ModelAdapter
-from flowpost.core.models.registry import load_adapter
+from flowpost.core.io import check_output_file, read_json
+from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
+from flowpost.core.models.pipeline_family import PipelineFamily
+from flowpost.core.models.registry import adapter_class
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.ode import sample_ode
 from flowpost.errors import FlowpostError
@@ -83,6 +84,27 @@ def generate_images(
     return torch.cat(outputs)
 
 
+def load_sampler(model_dir: Path, base: str | None = None) -> ModelAdapter:
+    """The model saved in ``model_dir`` (an export, or any folder ``save_pretrained`` wrote). A family loaded
+    from a pipeline reads its VAE and text encoders from it (``PipelineFamily.base_source``); one that cannot
+    be reached is a one-line FlowpostError naming the folder and the two ways out."""
+    family = read_json(model_dir / ADAPTER_FILE, what="model adapter manifest")["family"]
+    cls = adapter_class(family, where=str(model_dir))
+    if not issubclass(cls, PipelineFamily):
+        if base is not None:
+            raise FlowpostError(f"the {family} family is not loaded from a pipeline; drop --base", where="--base")
+        return cls.from_pretrained(model_dir)
+    source = cls.base_source(model_dir, base)
+    if problem := source.unreachable():
+        raise FlowpostError(
+            f"it samples with the VAE and text encoders of its base pipeline, and {problem}; pass --base with "
+            "that pipeline's folder or hub id, or export with `formats: [diffusers, pipeline]` for a folder "
+            "that samples on its own",
+            where=str(model_dir),
+        )
+    return cls.from_pretrained(model_dir, base=base)
+
+
 @torch.no_grad()
 def sample_prompts(
     model_dir: str | Path,
@@ -94,12 +116,14 @@ def sample_prompts(
     seed: int = 0,
     nrow: int | None = None,
     device: torch.device | str | None = None,
+    base: str | None = None,
 ) -> tuple[Tensor, Path]:
     """Encode ``prompts``, integrate the ODE from addressed noise, write the samples; returns them and the file.
 
     Images go to a PNG grid; videos to an mp4 (the clips tiled, at the model's ``fps``) or, for an ``out``
     ending in ``.png``, a grid of their frames. Without ``out``: ``grid.png`` or ``sample.mp4``. A folder as
-    ``out``, or a file as ``model_dir``, is a FlowpostError before anything is loaded.
+    ``out``, or a file as ``model_dir``, is a FlowpostError before anything is loaded. ``base``: the pipeline
+    folder or hub id to read the VAE and text encoders from instead of the one the model's manifest names.
     """
     if out is not None:
         check_output_file(out, where="--out")
@@ -107,7 +131,7 @@ def sample_prompts(
         raise FlowpostError(f"{model_dir} does not exist; give an export (or saved model) folder", where="sample")
     if not Path(model_dir).is_dir():
         raise FlowpostError(f"{model_dir} is a file; give an export (or saved model) folder", where="sample")
-    adapter = load_adapter(model_dir)
+    adapter = load_sampler(Path(model_dir), base)
     if device is not None:
         adapter.module().to(device)
     conditions = adapter.encode_conditions(prompts)

@@ -15,6 +15,8 @@ from flowpost.core.trainers.rl.nft import NFTTrainer
 
 JPEG = [{"name": "jpeg_incompressibility"}]
 SMALL = {"prompts_per_iteration": 2, "group_size": 4, "rollout_batch_size": 8, "train_batch_size": 4}
+
+
 @pytest.fixture(params=sorted(PIPELINE_FAMILIES))
 def family(request: pytest.FixtureRequest, load_family) -> dict[str, Any]:
     """The family's freshly loaded adapter, its stage data and its rollout guidance."""

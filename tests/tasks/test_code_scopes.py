@@ -1,0 +1,133 @@
+"""Per-node code fingerprints: an edit to flowpost reruns the nodes whose code scope holds the edited file
+and what depends on them, nothing else (pure: nodes are marked complete, nothing trains)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
+from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.io import write_json_atomic
+from flowpost.tasks import graph
+from flowpost.tasks.code_scope import PACKAGE_ROOT, PackageCode, installed_code
+from flowpost.tasks.graph import Node, NodeKind, build_nodes, code_scope, fingerprints
+from flowpost.tasks.integrity import COMPLETE
+from flowpost.tasks.plan import plan_run
+from flowpost.tasks.runner import PipelineRun
+
+ALL = {"acquire.digits", "conditions.minilm", "train.sft", "train.grpo", "eval.sft", "eval.grpo", "export", "report"}
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    """A copy of the flowpost sources to edit."""
+    return Path(shutil.copytree(PACKAGE_ROOT, tmp_path / "flowpost", ignore=shutil.ignore_patterns("__pycache__")))
+
+
+def _edit(package: Path, file: str) -> None:
+    with (package / file).open("a") as handle:
+        handle.write("\n# an edit\n")
+
+
+def _changed(pipeline: PipelineConfig, package: Path, file: str) -> set[str]:
+    """The nodes of ``pipeline`` whose fingerprint an edit of ``file`` in the sources at ``package`` changes."""
+    nodes = build_nodes(pipeline)
+    before = fingerprints(nodes, code=PackageCode(package))
+    _edit(package, file)
+    after = fingerprints(nodes, code=PackageCode(package))
+    return {node for node in before if before[node] != after[node]}
+
+
+def test_the_copy_fingerprints_as_the_installed_sources(package: Path) -> None:
+    nodes = build_nodes(load_pipeline(None))
+    assert fingerprints(nodes, code=PackageCode(package)) == fingerprints(nodes)
+
+
+@pytest.mark.parametrize(
+    ("file", "changed"),
+    [
+        ("core/trainers/rl/grpo.py", {"train.grpo", "eval.grpo", "export", "report"}),
+        ("core/trainers/offline/sft.py", ALL - {"acquire.digits", "conditions.minilm"}),  # grpo starts from sft
+        ("core/rewards/digit_adherence.py", ALL - {"acquire.digits", "conditions.minilm", "train.sft"}),
+        ("data/digits.py", ALL),  # the acquisition's source
+        ("core/models/text_encoders.py", ALL - {"acquire.digits"}),  # the condition cache's encoder
+        ("tasks/export.py", {"export", "report"}),
+        ("core/trainers/distill/dmd2.py", set()),  # a trainer no stage uses
+        ("core/models/flux1.py", set()),  # a family no stage uses
+        ("core/rewards/jpeg.py", set()),  # a reward no stage uses
+        ("tasks/runner.py", set()),  # which nodes run, not what they compute
+        ("tasks/plan.py", set()),
+        ("cli.py", set()),
+        ("flows/pipeline.py", set()),
+    ],
+)
+def test_an_edit_changes_the_nodes_whose_scope_holds_the_file_and_their_dependants(
+    package: Path, file: str, changed: set[str]
+) -> None:
+    pipeline = load_pipeline(None)
+    assert {node.id for node in build_nodes(pipeline)} == ALL
+    assert _changed(pipeline, package, file) == changed
+
+
+def test_a_prompt_files_acquisition_runs_no_trainer_or_model_code(tmp_path: Path) -> None:
+    code = installed_code()
+    node = Node("acquire.prompts", NodeKind.ACQUIRE, "prompts", (), {"source": "prompt-files", "path": "p.txt"})
+    scope = code_scope(node)
+    assert "flowpost.data.prompt_files" in scope and "flowpost.tasks.acquire" in scope
+    registered = {
+        target.partition(":")[0] for name in ("trainers", "families") for target in code.registries[name].values()
+    }
+    assert not set(scope) & registered
+    assert not {"flowpost.stage", "flowpost.core.trainers.base", "flowpost.tasks.train"} & set(scope)
+
+
+def test_a_training_scope_holds_the_trainer_family_rewards_and_guard_metric_its_config_names() -> None:
+    nodes = {node.id: node for node in build_nodes(load_pipeline(None))}
+    grpo, sft = set(code_scope(nodes["train.grpo"])), set(code_scope(nodes["train.sft"]))
+    assert {"flowpost.stage", "flowpost.core.trainers.rl.grpo", "flowpost.core.rewards.digit_adherence"} <= grpo
+    assert {"flowpost.core.models.tiny_sd3", "flowpost.core.trainers.rl", "flowpost"} <= grpo  # packages too
+    assert "flowpost.core.trainers.offline.sft" in sft and not {"flowpost.core.trainers.rl.grpo"} & sft
+    config: dict[str, Any] = {
+        **nodes["train.sft"].config,
+        "guard": {"metric": {"name": "fd"}, "bounds": {"saturation": {}}},
+    }
+    guarded = code_scope(Node("train.sft", NodeKind.TRAIN, "sft", (), config))
+    assert {"flowpost.core.evaluation.digit_judge", "flowpost.core.evaluation.image_metrics"} <= set(guarded)
+
+
+def test_plan_after_a_trainer_edit_reruns_that_stage_and_its_dependants_only(
+    package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline = load_pipeline(None)
+    run = PipelineRun(pipeline, tmp_path / "ws")
+    for node_id in run.nodes:  # every node completed with the installed sources
+        write_json_atomic(
+            run.path(node_id) / COMPLETE,
+            {"node": node_id, "fingerprint": run.fingerprints[node_id], "inputs": run.inputs[node_id], "files": {}},
+        )
+    assert {row.status for row in plan_run(PipelineRun(pipeline, tmp_path / "ws"))} == {"cached"}
+    _edit(package, "core/trainers/rl/grpo.py")
+    monkeypatch.setattr(graph, "installed_code", lambda: PackageCode(package))
+    planned = {row.node: (row.status, row.reason) for row in plan_run(PipelineRun(pipeline, tmp_path / "ws"))}
+    assert {node for node, (status, _) in planned.items() if status == "run"} == {
+        "train.grpo",
+        "eval.grpo",
+        "export",
+        "report",
+    }
+    assert planned["train.grpo"][1] == "flowpost code or library versions changed"
+    assert planned["eval.grpo"][1] == "train.grpo changed"
+
+
+def test_the_scope_follows_the_pipeline_config() -> None:
+    config = pipeline_to_dict(load_pipeline(None))
+    config["stages"]["grpo"]["rewards"] = [{"name": "mean_brightness"}]
+    nodes = {node.id: node for node in build_nodes(validate_pipeline(config))}
+    assert "flowpost.core.rewards.brightness" in code_scope(nodes["train.grpo"])
+    assert "flowpost.core.rewards.brightness" in code_scope(nodes["eval.grpo"])  # the trained reward, scored
+    assert "flowpost.core.rewards.digit_adherence" not in code_scope(nodes["train.grpo"])
+    assert "flowpost.core.rewards.brightness" not in code_scope(nodes["train.sft"])
