@@ -5,10 +5,10 @@ The baseline of ``family_step.py``: the pipeline folder's transformer and VAE lo
 transformer called as the stock pipeline calls it (sd3: pooled projections, ``timestep = sigma * 1000``;
 flux1: packed latents, image and text ids, distilled guidance, ``timestep = sigma``; qwen-image: packed
 latents, the text mask and the image's patch grid; wan2: video latents, the zero-padded UMT5 states),
-the flow-matching loss with logit-normal sigmas shifted by the scheduler's ``shift`` and caption
-dropout, backward and an AdamW step. Wan's 3-D VAE encodes one clip at a time (sliced), as flowpost's
-wan2 does to bound a real clip's memory: batched, the tiny clips encode faster, a memory policy
-rather than overhead. The batches and their cached conditions are the stage's own; noise
+the flow-matching loss with logit-normal sigmas shifted by the scheduler's ``shift`` (unshifted when it
+shifts dynamically) and caption dropout, backward and an AdamW step. Wan's 3-D VAE encodes one clip at a
+time (sliced), as flowpost's wan2 does to bound a real clip's memory: batched, the tiny clips encode
+faster, a memory policy rather than overhead. The batches and their cached conditions are the stage's own; noise
 comes from one seeded generator unless ``draws`` gives it. None of flowpost's model adapters, trainer,
 addressed noise, events or checks.
 """
@@ -169,7 +169,8 @@ class BareFamilyStep:
             vae.enable_slicing()
         self.vae = vae.eval().requires_grad_(False)
         scheduler = diffusers.FlowMatchEulerDiscreteScheduler.load_config(folder, subfolder="scheduler")
-        self.shift = float(scheduler["shift"])
+        # a dynamically shifting scheduler ignores ``shift``: diffusers' FLUX and Qwen-Image scripts train unshifted
+        self.shift = 1.0 if scheduler.get("use_dynamic_shifting") else float(scheduler["shift"])
         self.optimizer = torch.optim.AdamW(
             self.net.parameters(), lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay
         )

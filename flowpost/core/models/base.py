@@ -50,6 +50,12 @@ class ModelAdapter(ABC):
         """A randomly initialised model (seeded, global RNG untouched)."""
 
     @classmethod
+    def scratch_channels(cls, overrides: dict | None = None) -> int | None:
+        """The image channels ``from_scratch(overrides=...)`` would take in pixel space, read from its config
+        without building it; None for a family whose media go through a VAE."""
+        return None
+
+    @classmethod
     @abstractmethod
     def from_pretrained(cls, path: str | Path) -> ModelAdapter:
         """Load what ``save_pretrained`` wrote."""

@@ -306,11 +306,8 @@ def codec_channels(
         return None
     cls = adapter_class(family)
     if not issubclass(cls, PipelineFamily):
-        if pretrained is not None:
-            return None
-        try:
-            channels = int(_scratch_network(cls, transformer).latent_shape[0])
-        except Exception:  # noqa: BLE001 - a transformer the overrides break is refused when the stage builds it
+        channels = None if pretrained is not None else cls.scratch_channels(transformer)
+        if channels is None:
             return None
         return Codec(channels, f"the transformer of family {family!r} (in_channels {channels}, in pixel space)", True)
     if pretrained is None or is_hub_id(pretrained):

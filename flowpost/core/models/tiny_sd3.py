@@ -62,6 +62,10 @@ class TinySD3Adapter(SD3TransformerAdapter):
         return cls(transformer, shift=shift)
 
     @classmethod
+    def scratch_channels(cls, overrides: dict[str, Any] | None = None) -> int | None:
+        return int({**TRANSFORMER_DEFAULTS, **(overrides or {})}["in_channels"])
+
+    @classmethod
     def from_pretrained(cls, path: str | Path) -> TinySD3Adapter:
         from diffusers import SD3Transformer2DModel
 
