@@ -13,6 +13,8 @@ import time
 
 import psutil
 
+from flowpost.core.processes import end_processes
+
 POLL_SECONDS = 0.25
 GRACE_SECONDS = 5.0
 
@@ -34,18 +36,7 @@ def watch(pid: int) -> None:
         except (psutil.NoSuchProcess, ProcessLookupError):
             pass
         time.sleep(POLL_SECONDS)
-    orphans = [child for child in seen.values() if child.is_running()]
-    for child in orphans:
-        try:
-            child.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(orphans, timeout=GRACE_SECONDS)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
+    end_processes([child for child in seen.values() if child.is_running()], GRACE_SECONDS)
 
 
 def _alive(process: psutil.Process) -> bool:

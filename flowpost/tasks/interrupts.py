@@ -14,6 +14,7 @@ from types import FrameType
 
 import psutil
 
+from flowpost.core.processes import end_processes
 from flowpost.tasks.train import stop_stages
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -53,19 +54,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 def stop_children(grace: float = GRACE_SECONDS) -> None:
     """SIGTERM every descendant of this process, SIGKILL those still alive after ``grace`` seconds."""
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        try:
-            child.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(children, timeout=grace)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    end_processes(psutil.Process().children(recursive=True), grace)
 
 
 def _say(line: str) -> None:

@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import CLIPConfig, CLIPModel
+from tiny_clip import PROJECTION, build_tiny_clip
 
 from flowpost.core.evaluation.registry import build_metric
 from flowpost.core.evaluation.samples import EvalSamples
@@ -14,41 +13,12 @@ from flowpost.core.rewards.aesthetic import AestheticScore, aesthetic_mlp
 from flowpost.core.rewards.registry import build_reward
 from flowpost.errors import FlowpostError
 
-CHARACTERS = "abcdefghijklmnopqrstuvwxyz"
-PROJECTION = 16
 WHERE = "stages.grpo.rewards.0"
 
 
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random CLIP model (16-dimensional embeddings) with a character-level tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-clip")
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for suffix in ("", "</w>"):
-        vocab.update({character + suffix: len(vocab) + i for i, character in enumerate(CHARACTERS)})
-    (folder / "vocab.json").write_text(json.dumps(vocab))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    processor = {
-        "image_processor_type": "CLIPImageProcessor",
-        "do_resize": True,
-        "size": {"shortest_edge": 32},
-        "resample": 3,
-        "do_center_crop": True,
-        "crop_size": {"height": 32, "width": 32},
-        "do_normalize": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
-    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
-    tower = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
-    config = CLIPConfig(
-        text_config={**tower, "vocab_size": len(vocab), "max_position_embeddings": 16, "eos_token_id": 1},
-        vision_config={**tower, "image_size": 32, "patch_size": 8},
-        projection_dim=PROJECTION,
-    )
-    torch.manual_seed(0)
-    CLIPModel(config).save_pretrained(folder)
-    return folder
+    return build_tiny_clip(tmp_path_factory.mktemp("tiny-clip"))
 
 
 def _mlp_state(seed: int, embedding_dim: int = PROJECTION) -> dict[str, torch.Tensor]:

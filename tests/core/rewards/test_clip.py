@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_clip import STD, build_tiny_clip
 from torch.nn import functional as F
-from transformers import AutoImageProcessor, CLIPConfig, CLIPModel
+from transformers import AutoImageProcessor
 from transformers.models.clip.modeling_clip import CLIPOutput
 
 from flowpost.core.config.loading import load_pipeline
@@ -17,47 +17,13 @@ from flowpost.core.rewards.registry import build_reward
 from flowpost.errors import FlowpostError
 from flowpost.stage import build_rewards
 
-CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
-MEAN = [0.48145466, 0.4578275, 0.40821073]
-STD = [0.26862954, 0.26130258, 0.27577711]
 PROMPTS = ["a photo of 7", "the digit 3", "zero"]
 WHERE = "stages.grpo.rewards.0"
 
 
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random CLIP model with a character-level BPE tokenizer and a CLIP image processor."""
-    folder = tmp_path_factory.mktemp("tiny-clip")
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for suffix in ("", "</w>"):
-        vocab.update({character + suffix: len(vocab) + i for i, character in enumerate(CHARACTERS)})
-    (folder / "vocab.json").write_text(json.dumps(vocab))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    processor = {
-        "image_processor_type": "CLIPImageProcessor",
-        "do_resize": True,
-        "size": {"shortest_edge": 32},
-        "resample": 3,
-        "do_center_crop": True,
-        "crop_size": {"height": 32, "width": 32},
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": MEAN,
-        "image_std": STD,
-        "do_convert_rgb": True,
-    }
-    (folder / "preprocessor_config.json").write_text(json.dumps(processor))
-    tower = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
-    text = {**tower, "vocab_size": len(vocab), "max_position_embeddings": 32}
-    config = CLIPConfig(
-        text_config={**text, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1},
-        vision_config={**tower, "image_size": 32, "patch_size": 8},
-        projection_dim=16,
-    )
-    torch.manual_seed(0)
-    CLIPModel(config).save_pretrained(folder)
-    return folder
+    return build_tiny_clip(tmp_path_factory.mktemp("tiny-clip"))
 
 
 @pytest.fixture(scope="module")
