@@ -262,7 +262,7 @@ def _scheduler_problem(cls: Any, folder: Path) -> str | None:
     if isinstance(config, str):
         return config
     name = config.get("_class_name")
-    accepted = getattr(cls, "scheduler_classes", (FLOW_MATCH_EULER,))
+    accepted = cls.scheduler_classes
     if name not in accepted:
         return (
             f"{folder} holds a {name!r} scheduler; family {cls.family!r} samples flow-matching sigmas with "

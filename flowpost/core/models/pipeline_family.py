@@ -51,6 +51,7 @@ class PipelineFamily(TransformerAdapter):
     vae_class: ClassVar[str] = "AutoencoderKL"  # the diffusers class of the ``vae`` component
     pipeline_class: ClassVar[str]  # the diffusers pipeline: its ``encode_prompt`` encodes conditions, it exports
     text_models: ClassVar[tuple[tuple[str, str], ...]]  # see ``PromptFamily``
+    scheduler_classes: ClassVar[tuple[str, ...]] = ("FlowMatchEulerDiscreteScheduler",)  # the ones it samples with
     default_encoder_max_length: ClassVar[int]
 
     def __init__(
@@ -112,8 +113,17 @@ class PipelineFamily(TransformerAdapter):
 
     @classmethod
     def _scheduler(cls, source: PretrainedSource) -> Any:
-        """The pipeline's flow-match Euler scheduler."""
-        return source.load("scheduler", cls.diffusers_module().FlowMatchEulerDiscreteScheduler, weights=False)
+        """The pipeline's scheduler, of the class its config names: one of ``scheduler_classes``, or refused
+        (a scheduler of another kind is never sampled as another)."""
+        diffusers = cls.diffusers_module()
+        name = source.config("scheduler", diffusers.FlowMatchEulerDiscreteScheduler).get("_class_name")
+        if name not in cls.scheduler_classes:
+            raise FlowpostError(
+                f"its scheduler is {name!r}; family {cls.family!r} samples on the sigmas of "
+                f"{' or '.join(cls.scheduler_classes)}",
+                where=f"{source.path}/scheduler",
+            )
+        return source.load("scheduler", getattr(diffusers, name), weights=False)
 
     @staticmethod
     def _transformer(source: PretrainedSource, loader: Any, *, weights: bool) -> torch.nn.Module:

@@ -46,7 +46,7 @@ class Wan2Adapter(PipelineFamily):
         "gradient_checkpointing",
     )
     pipeline_class: ClassVar[str] = "WanPipeline"
-    scheduler_classes: ClassVar[tuple[str, ...]] = SCHEDULERS  # what `flowpost validate` accepts in a folder
+    scheduler_classes: ClassVar[tuple[str, ...]] = SCHEDULERS
     text_models: ClassVar[tuple[tuple[str, str], ...]] = (("UMT5EncoderModel", "AutoTokenizer"),)
 
     def __init__(
@@ -86,18 +86,6 @@ class Wan2Adapter(PipelineFamily):
                 where=f"{source.path}/model_index.json",
             )
         return super().from_pipeline(source, **options)
-
-    @classmethod
-    def _scheduler(cls, source: PretrainedSource) -> Any:
-        """The scheduler of the class its config names (Wan ships UniPC or flow-match Euler)."""
-        diffusers = cls.diffusers_module()
-        name = source.config("scheduler", diffusers.FlowMatchEulerDiscreteScheduler).get("_class_name")
-        if name not in SCHEDULERS:
-            raise FlowpostError(
-                f"its scheduler is {name!r}; wan2 samples on the sigmas of one of {', '.join(SCHEDULERS)}",
-                where=f"{source.path}/scheduler",
-            )
-        return source.load("scheduler", getattr(diffusers, name), weights=False)
 
     @staticmethod
     def scheduler_shift(config: Any) -> float:

@@ -148,3 +148,20 @@ def test_a_model_index_naming_another_module_is_refused_without_importing_it(
     replaced = load_sd3_adapter(folder, components={"vae": str(sd3_pipeline_dir / "vae")})
     with pytest.raises(FlowpostError, match=r"diffusers\.AutoencoderKLNowhere .*which diffusers does not have"):
         replaced.save_pipeline(tmp_path / "export")
+
+
+def test_a_scheduler_of_another_kind_is_refused_at_load_not_sampled_as_flow_matching(
+    sd3_pipeline_dir: Path, tmp_path: Path
+) -> None:
+    import json
+
+    folder = tmp_path / "pipeline"
+    shutil.copytree(sd3_pipeline_dir, folder)
+    config = folder / "scheduler" / "scheduler_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "_class_name": "DDIMScheduler"}))
+    with pytest.raises(
+        FlowpostError,
+        match="its scheduler is 'DDIMScheduler'; family 'sd3' samples on the sigmas of FlowMatchEulerDiscreteScheduler",
+    ) as refused:
+        load_sd3_adapter(folder)
+    assert refused.value.where == f"{folder}/scheduler"
