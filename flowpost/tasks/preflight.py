@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flowpost.core.config.loading import network_model
 from flowpost.core.config.schema import ModelConfig, PipelineConfig, StageConfig
 from flowpost.core.memory import GIB, MemoryEstimate, estimate_memory
 from flowpost.core.models.footprint import ModelFootprint, model_footprint
@@ -76,14 +77,8 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
 
 def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:
     """The ``model`` with ``pretrained`` that ``stage`` trains or starts from (following ``model.init``)."""
-    seen = set()
-    while stage in config.stages and stage not in seen:
-        seen.add(stage)
-        model = config.stages[stage].model
-        if model.pretrained is not None:
-            return model
-        stage = model.init
-    return None
+    model = network_model(config, stage)
+    return model if model is not None and model.pretrained is not None else None
 
 
 def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
