@@ -1,12 +1,13 @@
 # Entry points: `make demo` (run the default pipeline), `make test` (run the tests), `make bench`
-# (run the benchmarks into bench/results.md).
+# (run the benchmarks into bench/results.md), `make docs` (build the documentation site into site/).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORKSPACE ?= workspace
+SITE_DIR ?= site
 
-.PHONY: setup demo test test-slow lint bench bench-quick
+.PHONY: setup demo test test-slow lint bench bench-quick docs
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +38,6 @@ bench-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check flowpost tests
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(SITE_DIR)

@@ -1,5 +1,6 @@
-"""Print the README's memory table: the preflight's per-GPU estimate for the published transformer shapes in
-this folder (configs only, built on the meta device: nothing is downloaded and no weight is read).
+"""Print the memory table of docs/speed-and-memory.md: the preflight's per-GPU estimate for the published
+transformer shapes in this folder (configs only, built on the meta device: nothing is downloaded and no weight
+is read).
 
     PYTHONPATH=. python docs/shapes/memory_table.py
 
