@@ -39,6 +39,7 @@ import torch
 from flowpost.core.io import read_json, write_json_atomic
 
 BENCH = Path(__file__).resolve().parent
+STUDIES = "# Studies run on their own"  # results.md from this heading on is not rewritten by a run
 SMALL_BATCHES = [  # the quick profile's: the default pipeline's model on an eighth of its batches
     "stages.sft.train.batch_size=8",
     "stages.grpo.train.prompts_per_iteration=2",
@@ -294,8 +295,17 @@ def _machine() -> str:
     )
 
 
+def _studies(out: Path) -> list[str]:
+    """The part of ``out`` from the ``STUDIES`` heading on (studies run and written up on their own), kept by
+    every run."""
+    text = out.read_text() if out.is_file() else ""
+    start = text.find(STUDIES)
+    return [] if start < 0 else [text[start:].rstrip("\n"), ""]
+
+
 def write_results(out: Path, profile: str, sections: list[str], seconds: float, machine: str) -> None:
-    """``out``: when, where and how the figures were measured, how to rerun them, then ``sections``."""
+    """``out``: when, where and how the figures were measured, how to rerun them, then ``sections``, then the
+    studies it held."""
     rerun = "python bench/run_all.py" + (" --quick" if profile == "quick" else "")
     header = [
         "# Benchmarks",
@@ -317,7 +327,7 @@ def write_results(out: Path, profile: str, sections: list[str], seconds: float, 
         "Each section names the command that reruns that benchmark alone (its JSON lands in the workspace).",
         "",
     ]
-    out.write_text("\n".join(header + sections))
+    out.write_text("\n".join(header + sections + _studies(out)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,6 +90,7 @@ def run(
             resume=resume,
             retries=retries,
             retry_delay_seconds=retry_delay,
+            log_warnings=False,
         )
     table = Table(title=f"pipeline {config.name} in {workspace}")
     for column in ("node", "status", "seconds"):
@@ -198,8 +199,9 @@ def plan(
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 
 
-@app.command()
-def stage(
+@app.command("run-node")
+def run_node(
+    ctx: typer.Context,
     node: Annotated[str, typer.Argument(help="node id, e.g. train.sft")],
     pipeline: Annotated[Path | None, typer.Option("--pipeline", "-p")] = None,
     workspace: WorkspaceOpt = Path("workspace"),
@@ -207,9 +209,10 @@ def stage(
     smoke: SmokeOpt = False,
     refresh: Annotated[bool, typer.Option("--refresh", help="start the node over")] = False,
     resume: Annotated[bool, typer.Option("--resume/--no-resume")] = True,
-    layout: Annotated[
-        str, typer.Option("--layout", help="content: <node>/<fingerprint>/ folders; fixed: DVC's fixed folders")
+    folders: Annotated[
+        str, typer.Option("--folders", help="content: <node>/<fingerprint>/ folders; fixed: DVC's fixed folders")
     ] = "content",
+    layout: Annotated[str | None, typer.Option("--layout", hidden=True, help="deprecated: --folders")] = None,
     force: Annotated[
         bool, typer.Option("--force", help="run even if complete (a training node still resumes)")
     ] = False,
@@ -222,12 +225,20 @@ def stage(
     from flowpost.core.process_group import export_topology
     from flowpost.tasks.bare_node import run_bare_node
 
+    if ctx.info_name == "stage":
+        typer.echo("warning: `flowpost stage` is now `flowpost run-node`", err=True)
+    if layout is not None:
+        typer.echo("warning: `--layout` is now `--folders`", err=True)
+        folders = layout
     export_topology(num_machines, machine_rank, main_process_ip, main_process_port)
     config = _load(pipeline, set_, smoke=smoke)
     result = run_bare_node(
-        config, workspace, node, layout=layout, refresh=refresh, resume=resume, force=force, on_event=_print_event
+        config, workspace, node, folders=folders, refresh=refresh, resume=resume, force=force, on_event=_print_event
     )
     typer.echo(f"{result.node} {result.status} -> {result.path}")
+
+
+app.command("stage", hidden=True, help="Deprecated: `flowpost run-node`.")(run_node)
 
 
 @dvc_app.command("sync")
@@ -333,7 +344,7 @@ def sample(
     if (export / COMPLETE).is_file() and (problem := completed_damage(export)):
         raise FlowpostError(
             f"export is damaged: {problem} since it completed; rebuild it with `flowpost run` (it reruns damaged "
-            "nodes) or `flowpost stage export`",
+            "nodes) or `flowpost run-node export`",
             where=str(export),
         )
     with file_errors_reported("flowpost sample", where=out or export):
@@ -343,11 +354,11 @@ def sample(
 
 @app.command("list")
 def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards | metrics")]) -> None:
-    """Print a registry."""
+    """Print a registry: name and import target, and for a plugin the package declaring it."""
     from flowpost.core.registries import registry
 
-    for name, target in registry(what).items():
-        typer.echo(f"{name}\t{target}")
+    for name, entry in registry(what).items():
+        typer.echo(f"{name}\t{entry.target}" + (f"\tplugin: {entry.plugin}" if entry.plugin else ""))
 
 
 @app.command("reward-server")

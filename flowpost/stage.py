@@ -20,7 +20,9 @@ from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import TrackingCallback
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import CallbacksConfig, GuardConfig, RewardConfig, StageConfig
+from flowpost.core.config.schema.evaluation import GuardConfig
+from flowpost.core.config.schema.rewards import RewardConfig
+from flowpost.core.config.schema.stages import CallbacksConfig, StageConfig
 from flowpost.core.distributed import leave_process_group
 from flowpost.core.evaluation.guard import Band, HeldOut, Judge, StageGuard
 from flowpost.core.evaluation.plan import EvalPlan
@@ -88,6 +90,8 @@ def build_guard(config: GuardConfig | None, spec: StageSpec, inputs: StageInputs
     if config is None:
         return None
     where = f"stages.{spec.stage}.guard"
+    if config.metric is not None and config.better is None:  # the pipeline fills it in when it loads
+        raise FlowpostError("the judge has no direction; give better: higher or lower", where=f"{where}.better")
     if spec.dataset_dir is None:
         raise FlowpostError("a guard samples the held-out prompts of the stage's data.dataset; set data", where=where)
     dataset_dir = Path(spec.dataset_dir)

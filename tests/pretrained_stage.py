@@ -9,15 +9,20 @@ from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.stage import build_adapter
 
+RGB_FOLDER = Path(__file__).parent / "data" / "folder"  # captioned shapes, made RGB for a VAE's 3 channels
+
 
 def with_model(tiny_pipeline, model: dict[str, Any]) -> dict[str, Any]:
-    """The tiny pipeline training ``model``; a pretrained one reads a cache of its own family's encoders."""
+    """The tiny pipeline training ``model``; a pretrained one (a VAE family) trains on the RGB shapes folder
+    through a cache of its own family's encoders."""
     config = tiny_pipeline()
     config["stages"]["sft"]["model"] = model
     if "pretrained" in model:
+        shapes = {"source": "image-folder", "path": str(RGB_FOLDER), "preprocess": {"mode": "rgb"}}
+        config["datasets"]["shapes"] = shapes
         encoders = {"family": model["family"], "pretrained": model["pretrained"]}
-        config["conditions"]["own"] = {"model": encoders, "datasets": ["digits"]}
-        config["stages"]["sft"]["data"]["conditions"] = "own"
+        config["conditions"]["own"] = {"model": encoders, "datasets": ["shapes"]}
+        config["stages"]["sft"]["data"] = {"dataset": "shapes", "conditions": "own"}
     return config
 
 

@@ -54,15 +54,15 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
         (["plan", "--workspace", "a-file"], ERROR, "the workspace is a file"),
         (["plan", "--num-machines", "2"], USAGE, "--num-machines"),
     ],
-    "stage": [
-        (["stage"], USAGE, "Missing argument 'node'"),
-        (["stage", "train.nope"], ERROR, "NODE: unknown node 'train.nope'"),
-        (["stage", "train.sft", "--layout", "flat"], ERROR, "--layout: unknown layout 'flat'"),
-        (["stage", "train.sft"], ERROR, "node train.sft needs acquire.digits, which has not completed"),
-        (["stage", "report", "--layout", "fixed"], ERROR, "node report needs eval.sft, which has not completed"),
-        (["stage", "train.sft", "--num-machines", "2", "--machine-rank", "3"], ERROR, "--machine-rank"),
-        (["stage", "acquire.digits", "--pipeline", "missing.yaml"], ERROR, "missing.yaml: pipeline file not found"),
-        (["stage", "acquire.digits", "--workspace", "a-file"], ERROR, "the workspace is a file"),
+    "run-node": [
+        (["run-node"], USAGE, "Missing argument 'node'"),
+        (["run-node", "train.nope"], ERROR, "NODE: unknown node 'train.nope'"),
+        (["run-node", "train.sft", "--folders", "flat"], ERROR, "--folders: unknown folders 'flat'"),
+        (["run-node", "train.sft"], ERROR, "node train.sft needs acquire.digits, which has not completed"),
+        (["run-node", "report", "--folders", "fixed"], ERROR, "node report needs eval.sft, which has not completed"),
+        (["run-node", "train.sft", "--num-machines", "2", "--machine-rank", "3"], ERROR, "--machine-rank"),
+        (["run-node", "acquire.digits", "--pipeline", "missing.yaml"], ERROR, "missing.yaml: pipeline file not found"),
+        (["run-node", "acquire.digits", "--workspace", "a-file"], ERROR, "the workspace is a file"),
     ],
     "dvc sync": [
         (["dvc", "sync", "missing.yaml"], ERROR, "missing.yaml: pipeline file not found"),
@@ -122,11 +122,14 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
 
 
 def _leaf_commands() -> set[str]:
-    """The name of every command ``flowpost`` has, groups spelled out (``dvc sync``)."""
+    """The name of every command ``flowpost`` lists, groups spelled out (``dvc sync``); hidden deprecated
+    aliases are in ``ALIASES``."""
     names: set[str] = set()
 
     def walk(group: object, prefix: str) -> None:
         for name, command in group.commands.items():  # type: ignore[attr-defined]
+            if command.hidden:
+                continue
             if hasattr(command, "commands"):
                 walk(command, f"{prefix}{name} ")
             else:
@@ -136,6 +139,16 @@ def _leaf_commands() -> set[str]:
     return names
 
 
+# deprecated spelling -> (current spelling, the one warning line it prints first)
+ALIASES: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {
+    ("stage", "train.nope"): (("run-node", "train.nope"), "warning: `flowpost stage` is now `flowpost run-node`"),
+    ("run-node", "report", "--layout", "fixed"): (
+        ("run-node", "report", "--folders", "fixed"),
+        "warning: `--layout` is now `--folders`",
+    ),
+}
+
+
 def _tree(root: Path) -> dict[str, int]:
     """Every path under ``root`` with its size (folders: 0)."""
     return {str(p.relative_to(root)): (p.stat().st_size if p.is_file() else 0) for p in root.rglob("*")}
@@ -143,6 +156,18 @@ def _tree(root: Path) -> dict[str, int]:
 
 def test_every_command_is_in_the_matrix() -> None:
     assert _leaf_commands() == set(CASES)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "warning"), [(old, *new) for old, new in ALIASES.items()], ids=map(" ".join, ALIASES)
+)
+def test_a_deprecated_spelling_warns_on_one_line_then_does_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: tuple[str, ...], new: tuple[str, ...], warning: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    current, deprecated = flowpost_main(*new), flowpost_main(*old)
+    assert (deprecated.code, deprecated.stdout) == (current.code, current.stdout) == (ERROR, "")
+    assert deprecated.stderr == f"{warning}\n{current.stderr}" and "warning" not in current.stderr
 
 
 @pytest.mark.parametrize(

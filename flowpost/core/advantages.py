@@ -1,4 +1,5 @@
-"""Advantages from scalar rewards: group-normalised (GRPO) and per-prompt running stats (DDPO).
+"""Advantages from scalar rewards: group-normalised (GRPO), per reward then combined (GDPO), and per-prompt
+running stats (DDPO).
 
 Every function is pure on tensors; one advantage per sample is broadcast to its trajectory.
 """
@@ -6,6 +7,7 @@ Every function is pure on tensors; one advantage per sample is broadcast to its 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -71,6 +73,49 @@ def group_advantages(
     if clip is not None:
         advantages = advantages.clamp(-clip, clip)
     return advantages.to(_output_dtype(rewards))
+
+
+def per_reward_advantages(
+    components: Sequence[tuple[Tensor, float]],
+    group_ids: Tensor,
+    *,
+    std: Literal["group", "global"] = "group",
+    eps: float = 1e-4,
+    clip: float | None = 5.0,
+) -> Tensor:
+    """GDPO: each reward normalised on its own, weighted, summed, then rescaled over the batch; clipped to ``±clip``.
+
+    ``A_k`` = :func:`group_advantages` of reward ``k`` (unclipped), ``S = sum_k w_k A_k``,
+    ``A = S / (std(S) + eps)`` with the population std of the whole batch. Each ``A_k`` has zero mean in
+    every group, so ``S`` has zero batch mean and GDPO's batch centring changes nothing: rows of groups
+    constant in every reward stay exactly 0. ``components`` are ``(scores [N], weight)`` pairs.
+    """
+    if not components:
+        raise ValueError("per-reward advantages need at least one reward")
+    first = components[0][0]
+    total = torch.zeros_like(first, dtype=torch.float64)
+    for scores, weight in components:
+        total = total + weight * group_advantages(scores, group_ids, std=std, eps=eps, clip=None).double()
+    advantages = total / (total.std(correction=0) + eps)
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    return advantages.to(_output_dtype(first))
+
+
+def reward_correlations(components: dict[str, Tensor], group_ids: Tensor, advantages: Tensor) -> dict[str, float]:
+    """Each reward's share in steering the update: the Pearson correlation of the advantages with the reward's
+    scores centred in their groups (0 where either is constant)."""
+    index, groups = _group_index(group_ids)
+    steer = advantages.detach().double()
+    steer = steer - steer.mean()
+    correlations: dict[str, float] = {}
+    for name, scores in components.items():
+        values = scores.detach().double()
+        counts = values.new_zeros(groups).index_add(0, index, torch.ones_like(values))
+        centred = values - (values.new_zeros(groups).index_add(0, index, values) / counts)[index]
+        scale = (centred.square().sum() * steer.square().sum()).sqrt()
+        correlations[name] = float((centred * steer).sum() / scale) if bool(scale > 0) else 0.0
+    return correlations
 
 
 def zero_advantage_fraction(advantages: Tensor) -> float:

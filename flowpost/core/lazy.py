@@ -1,20 +1,46 @@
-"""Registries map names to ``"module:attribute"`` strings, imported only when used."""
+"""Import ``"package.module:attribute"`` strings when used; construct what they name from config options."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Iterable
 from difflib import get_close_matches
 from typing import Any
 
 from flowpost.errors import FlowpostError
 
+PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # package.module:Class
 
-def import_object(path: str) -> Any:
-    """The attribute named by ``"package.module:attribute"``."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
+
+def import_object(path: str, *, what: str, where: str) -> Any:
+    """The attribute named by ``"package.module:attribute"`` (``what`` it is, for errors); a malformed path,
+    a module that fails to import and a missing attribute are errors naming ``where``."""
+    if not PATH.fullmatch(path):
+        raise FlowpostError(
+            f"{what}: {path!r} is not a package.module:Class path; write it as e.g. my_package.scores:Sharpness",
+            where=where,
+        )
+    module_name, _, attribute = path.partition(":")
+    try:
+        value = importlib.import_module(module_name)
+    except Exception as exc:  # a plugin's own code may raise anything while it is imported
+        raise FlowpostError(
+            f"{what}: importing {module_name!r} failed ({type(exc).__name__}: {exc}); install the package that "
+            "provides it, or fix the module path before the colon",
+            where=where,
+        ) from exc
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            close = get_close_matches(part, [name for name in dir(value) if not name.startswith("_")], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise FlowpostError(
+                f"{what}: {module_name!r} has no attribute {attribute!r}{hint}; fix the name after the colon",
+                where=where,
+            )
+        value = getattr(value, part)
+    return value
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str], *, plural: str | None = None) -> str:
@@ -23,13 +49,6 @@ def unknown_name(kind: str, name: str, known: Iterable[str], *, plural: str | No
     close = get_close_matches(name.lower(), names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown {kind} {name!r}{hint}; known {plural or kind + 's'}: {', '.join(names)}"
-
-
-def import_registered(registry: dict[str, str], name: str, *, kind: str, where: str, plural: str | None = None) -> Any:
-    """The object registered as ``name``, or a clear error naming ``where`` and the close names."""
-    if name not in registry:
-        raise FlowpostError(unknown_name(kind, name, registry, plural=plural), where=where)
-    return import_object(registry[name])
 
 
 def construct(cls: Any, *, kind: str, name: str, options: dict[str, Any], where: str) -> Any:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from flowpost.core.evaluation.registry import METRICS
-from flowpost.core.models.registry import FAMILIES
-from flowpost.core.rewards.registry import REWARDS
-from flowpost.core.trainers.registry import TRAINERS
+from flowpost.core.evaluation.registry import metric_entries
+from flowpost.core.models.registry import FAMILY_REGISTRY
+from flowpost.core.plugins import Entry
+from flowpost.core.rewards.registry import REWARD_REGISTRY
+from flowpost.core.trainers.registry import TRAINER_REGISTRY
 from flowpost.errors import FlowpostError
 
-REGISTRIES = {"trainers": TRAINERS, "models": FAMILIES, "rewards": REWARDS, "metrics": {**METRICS, **REWARDS}}
+WHERE = "flowpost list"
+REGISTRIES = {"trainers": TRAINER_REGISTRY, "models": FAMILY_REGISTRY, "rewards": REWARD_REGISTRY}
 
 
-def registry(what: str) -> dict[str, str]:
-    """Name -> import target of registry ``what``, sorted by name."""
+def registry(what: str) -> dict[str, Entry]:
+    """Name -> entry (its import target and, for a plugin, its distribution) of registry ``what``, sorted."""
+    if what == "metrics":
+        return metric_entries(where=WHERE)
     if what not in REGISTRIES:
-        raise FlowpostError(
-            f"unknown registry {what!r}; use trainers, models, rewards or metrics", where="flowpost list"
-        )
-    return dict(sorted(REGISTRIES[what].items()))
+        raise FlowpostError(f"unknown registry {what!r}; use trainers, models, rewards or metrics", where=WHERE)
+    return REGISTRIES[what].entries(where=WHERE)

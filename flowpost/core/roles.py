@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-SNAPSHOT_NAMES = ("teacher", "ref", "ema", "old", "anchor")  # frozen or time-shifted weights, never roles
+from flowpost.core.snapshots import SNAPSHOT_NAMES
 
 
 class ComponentVariants:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowpost.core.config.schema import FrameSampling, PreprocessConfig
+from flowpost.core.config.schema.media import FrameSampling, PreprocessConfig
 from flowpost.data.preprocess import prepared_image
 from flowpost.data.sources.items import BadItem
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps
 
-from flowpost.core.config.schema import PreprocessConfig
+from flowpost.core.config.schema.media import PreprocessConfig
 from flowpost.data.sources.items import BadItem
 
 PIL_MODES = {"grayscale": "L", "rgb": "RGB"}

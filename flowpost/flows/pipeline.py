@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
@@ -23,6 +23,9 @@ from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.interrupts import stop_run_on_signals
 from flowpost.tasks.runner import NodeResult, PipelineRun
 from flowpost.tasks.workspace_lock import workspace_lock
+
+if TYPE_CHECKING:
+    from flowpost.core.config.schema import PipelineConfig
 
 HEAVY_KINDS = (NodeKind.TRAIN, NodeKind.EVAL, NodeKind.LATENTS)
 
@@ -125,8 +128,12 @@ def pipeline_flow(
     resume: bool = True,
     retries: int = 2,
     retry_delay_seconds: float = 10.0,
+    log_warnings: bool = True,
 ) -> list[NodeResult]:
     """Run every node of ``pipeline`` in ``workspace``; light nodes run concurrently, heavy ones in turn.
+
+    The pipeline's warnings (what validates but cannot learn) are logged unless ``log_warnings`` is off, as
+    ``flowpost run`` turns it: it printed them when it loaded the file.
 
     A node that fails transiently is retried ``retries`` times, waiting ``retry_delay_seconds``
     doubled at each retry (a training node resumes from its checkpoints). When a node fails, nodes
@@ -137,15 +144,16 @@ def pipeline_flow(
     """
     try:
         with stop_run_on_signals(), workspace_lock(workspace, "flowpost flow run"):
-            return _run_pipeline(pipeline, workspace, refresh, resume, retries, retry_delay_seconds)
+            config = validate_pipeline(pipeline, warnings=None if log_warnings else [])
+            return _run_pipeline(config, workspace, refresh, resume, retries, retry_delay_seconds)
     except FlowpostError as exc:
         return Failed(message=str(exc), data=exc)  # type: ignore[return-value]
 
 
 def _run_pipeline(
-    pipeline: dict[str, Any], workspace: str, refresh: bool, resume: bool, retries: int, retry_delay_seconds: float
+    pipeline: PipelineConfig, workspace: str, refresh: bool, resume: bool, retries: int, retry_delay_seconds: float
 ) -> list[NodeResult]:
-    run = PipelineRun(validate_pipeline(pipeline), workspace)
+    run = PipelineRun(pipeline, workspace)
     futures: dict[str, Any] = {}
     for node_id, waits in submission_plan(run.nodes).items():
         node = run.nodes[node_id]

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from flowpost.core.config.schema import IMAGE_SOURCES, DatasetConfig
+from flowpost.core.config.schema.captioned import CaptionedDataset
+from flowpost.core.config.schema.datasets import DigitsDataset, PromptFilesDataset
 from flowpost.core.evaluation.classifier import (
     JUDGE_CLASSIFIER,
     REWARD_CLASSIFIER,
@@ -22,7 +23,7 @@ from flowpost.core.evaluation.classifier import (
 from flowpost.core.io import sha256_file, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.data.bad_items import BadItems
-from flowpost.data.captioned import captioned_records, check_captioned, source_fingerprint, source_location
+from flowpost.data.captioned import captioned_records, check_captioned
 from flowpost.data.digits import (
     EVAL_TEMPLATES,
     TRAIN_TEMPLATES,
@@ -34,6 +35,7 @@ from flowpost.data.item_progress import item_progress
 from flowpost.data.preprocess import decoding_record
 from flowpost.data.prompt_files import prompt_files_fingerprint, read_prompt_files
 from flowpost.data.shards import SHARD_SIZE, ShardWriter, write_shards
+from flowpost.data.sources.registry import source_for
 from flowpost.data.stage_inputs import PROMPTS_FILE
 
 log = get_logger(__name__)
@@ -41,27 +43,31 @@ MIN_ACCURACY = 0.97
 
 
 def acquire_dataset(
-    config: DatasetConfig, out_dir: Path, *, smoke: bool = False, where: str = "datasets"
+    config: DigitsDataset | PromptFilesDataset | CaptionedDataset,
+    out_dir: Path,
+    *,
+    smoke: bool = False,
+    where: str = "datasets",
 ) -> dict[str, Any]:
     """Acquire one dataset into ``out_dir`` and return its manifest (also written as ``manifest.json``)."""
-    if config.source == "prompt-files":
+    if isinstance(config, PromptFilesDataset):
         return acquire_prompt_files(config, out_dir, where=where)
-    if config.source in IMAGE_SOURCES:
+    if isinstance(config, CaptionedDataset):
         return acquire_images(config, out_dir, where=where)
     return acquire_digits(config, out_dir, smoke=smoke)
 
 
-def acquire_prompt_files(config: DatasetConfig, out_dir: Path, *, where: str) -> dict[str, Any]:
+def acquire_prompt_files(config: PromptFilesDataset, out_dir: Path, *, where: str) -> dict[str, Any]:
     """Copy the prompts (with their metadata) to ``prompts.jsonl`` and list them in the manifest."""
-    records, removed = read_prompt_files(str(config.path), where=f"{where}.path")
+    records, removed = read_prompt_files(config.path, where=f"{where}.path")
     if removed:
         log.warning("removed %d control characters from the prompts of %s", removed, config.path)
     lines = [json.dumps({"prompt": r.prompt, "metadata": r.metadata}, sort_keys=True) for r in records]
     write_bytes_atomic(out_dir / PROMPTS_FILE, ("\n".join(lines) + "\n").encode("utf-8"))
     manifest = {
         "source": config.source,
-        "path": str(config.path),
-        "files_fingerprint": prompt_files_fingerprint(str(config.path), where=f"{where}.path"),
+        "path": config.path,
+        "files_fingerprint": prompt_files_fingerprint(config.path, where=f"{where}.path"),
         "counts": {"prompts": len(records), "control_characters_removed": removed},
         "sha256": sha256_file(out_dir / PROMPTS_FILE),
         "train_prompts": [r.prompt for r in records],
@@ -73,7 +79,9 @@ def acquire_prompt_files(config: DatasetConfig, out_dir: Path, *, where: str) ->
     return manifest
 
 
-def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_size: int = SHARD_SIZE) -> dict[str, Any]:
+def acquire_images(
+    config: CaptionedDataset, out_dir: Path, *, where: str, shard_size: int = SHARD_SIZE
+) -> dict[str, Any]:
     """Write ``train/`` (and ``eval/``, the held-out split) shards of the good items and ``manifest.json``,
     which counts the bad ones per kind.
 
@@ -81,11 +89,11 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
     split, not the source; ``manifest.json`` is written only once every item was read and the bad ones
     stayed within ``max_bad_fraction``; a failure removes the shards written so far.
     """
-    bad = BadItems()
+    bad, source = BadItems(), source_for(config)
     writers = {name: ShardWriter(out_dir / name, shard_size=shard_size) for name in ("train", "eval")}
     with _removed_on_failure(out_dir, list(writers)):
         records = captioned_records(config, bad, where=where)
-        for name, record in item_progress(records, desc=f"acquire {source_location(config)}"):
+        for name, record in item_progress(records, desc=f"acquire {source.location()}"):
             writers[name].add(record)
         check_captioned(config, bad, trained=writers["train"].count, where=where)
         shards = {name: writer.close() for name, writer in writers.items() if writer.count}
@@ -95,8 +103,8 @@ def acquire_images(config: DatasetConfig, out_dir: Path, *, where: str, shard_si
         trained = set(shards["train"]["prompts"])
         manifest = {
             "source": config.source,
-            "path": source_location(config),
-            "files_fingerprint": source_fingerprint(config, where=where),
+            "path": source.location(),
+            "files_fingerprint": source.fingerprint(where=where),
             "preprocess": config.preprocess.model_dump(mode="json"),
             "decoding": decoding_record(config.preprocess),
             "counts": {name: writer.count for name, writer in writers.items()} | {"bad": bad.total},
@@ -125,7 +133,7 @@ def _removed_on_failure(out_dir: Path, parts: list[str]) -> Iterator[None]:
         raise
 
 
-def acquire_digits(config: DatasetConfig, out_dir: Path, *, smoke: bool = False) -> dict[str, Any]:
+def acquire_digits(config: DigitsDataset, out_dir: Path, *, smoke: bool = False) -> dict[str, Any]:
     """Write ``train/`` and ``test/`` shards, ``assets/`` classifiers and ``manifest.json``.
 
     Train records pair each train image with every training template; test records pair each

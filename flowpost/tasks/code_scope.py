@@ -4,22 +4,27 @@ A module's imports are read with ``ast``: ``import`` and ``from ... import`` any
 imports inside functions included), relative ones resolved. The registries map names to
 ``"module:attribute"`` strings the stage process imports when it runs; they are read from their source
 too, so a scope names the trainer, model family, rewards and metrics a node's config uses, not all of
-them. Nothing here imports the package it reads.
+them. A plugin the config names (a ``package.module:Class`` path, or an installed package's entry point,
+read from its metadata) adds its module, the modules of its own package it imports and the flowpost modules
+they import; its package is found with ``importlib.util.find_spec`` and read as files. Nothing here imports
+the package it reads.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
-from importlib import metadata
+from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
+from flowpost.core.plugins import declared, is_path
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the flowpost package folder
 LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "numpy", "scikit-learn")  # versions hashed
-# registry -> (its module, the name of its ``name -> "module:attribute"`` dict)
+# registry -> (its module, the name of its ``name -> "module:attribute"`` dict of built-ins)
 REGISTRIES = {
     "trainers": ("flowpost.core.trainers.registry", "TRAINERS"),
     "families": ("flowpost.core.models.registry", "FAMILIES"),
@@ -100,8 +105,10 @@ def import_graph(root: Path, *, runtime_only: bool = False) -> dict[str, set[str
     }
 
 
-def _registry(path: Path, variable: str) -> dict[str, str]:
-    """The literal ``variable = {name: "module:attribute"}`` assigned at the top of ``path``."""
+def _registry(path: Path, variable: str) -> tuple[dict[str, str], str]:
+    """The literal ``variable = {name: "module:attribute"}`` assigned at the top of ``path``, and the literal
+    entry point ``group`` of the ``Registry(..., builtins=variable)`` there."""
+    builtins, group = None, None
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.AnnAssign):
             target, value = node.target, node.value
@@ -110,8 +117,15 @@ def _registry(path: Path, variable: str) -> dict[str, str]:
         else:
             continue
         if isinstance(target, ast.Name) and target.id == variable and value is not None:
-            return ast.literal_eval(value)
-    raise LookupError(f"{path} assigns no {variable}")
+            builtins = ast.literal_eval(value)
+        elif isinstance(value, ast.Call):
+            keywords = {keyword.arg: keyword.value for keyword in value.keywords}
+            named = keywords.get("builtins")
+            if isinstance(named, ast.Name) and named.id == variable and "group" in keywords:
+                group = ast.literal_eval(keywords["group"])
+    if builtins is None or group is None:
+        raise LookupError(f"{path} assigns no {variable} or no Registry(group=..., builtins={variable})")
+    return builtins, group
 
 
 def _registered_names(value: Any, key: str | None = None) -> Iterator[tuple[tuple[str, ...], str]]:
@@ -130,16 +144,36 @@ def _registered_names(value: Any, key: str | None = None) -> Iterator[tuple[tupl
             yield from _registered_names(item, sub)
 
 
+def package_files(top: str) -> dict[str, Path]:
+    """Module name -> source file of the top-level module or package ``top`` on ``sys.path``, located without
+    importing it; none when it is not installed or has no Python source."""
+    try:
+        spec = util.find_spec(top)
+    except (ImportError, ValueError):
+        return {}
+    if spec is None:
+        return {}
+    if spec.submodule_search_locations:  # a package (a namespace package may span several folders)
+        return {
+            module: path
+            for folder in spec.submodule_search_locations
+            for module, path in module_paths(Path(folder)).items()
+        }
+    return {top: Path(spec.origin)} if spec.origin and spec.origin.endswith(".py") else {}
+
+
 class PackageCode:
-    """The sources of a flowpost package folder: import scopes and their fingerprints."""
+    """The sources of a flowpost package folder, and of the plugins configs name: import scopes and their
+    fingerprints."""
 
     def __init__(self, root: Path = PACKAGE_ROOT) -> None:
         self.root = root
         self.paths = module_paths(root)
         self.graph = import_graph(root, runtime_only=True)
-        self.registries = {
-            name: _registry(self.paths[module], variable) for name, (module, variable) in REGISTRIES.items()
-        }
+        found = {name: _registry(self.paths[module], variable) for name, (module, variable) in REGISTRIES.items()}
+        self.registries = {name: builtins for name, (builtins, _) in found.items()}
+        self.groups = {name: group for name, (_, group) in found.items()}
+        self._packages = {module.partition(".")[0] for module in self.paths}  # top-level names read
         self._digests: dict[str, str] = {}
 
     def registered(self, config: Any) -> set[str]:
@@ -151,11 +185,39 @@ class PackageCode:
         )
         return {target.partition(":")[0] for target in targets if target is not None}
 
+    def plugins(self, config: Any) -> dict[str, str]:
+        """``registry:name`` -> ``module:attribute`` for each plugin ``config`` names: a class written as a path,
+        or an installed package's entry point in the registry's group (unknown names resolve to none)."""
+        found = {}
+        for registries, name in _registered_names(config):
+            for registry in registries:
+                if name in self.registries[registry]:
+                    continue
+                points = declared(self.groups[registry])
+                target = name if is_path(name) else next((p.target for p in points if p.name == name), None)
+                if target is not None:
+                    found[f"{registry}:{name}"] = target
+        return dict(sorted(found.items()))
+
+    def _plugin_module(self, target: str) -> str | None:
+        """The module ``target`` imports, its package's sources read; None when it is not installed."""
+        module = target.partition(":")[0]
+        top = module.partition(".")[0]
+        if top not in self._packages:
+            self._packages.add(top)
+            files = package_files(top)
+            self.paths.update(files)
+            known = set(self.paths)
+            for name, path in files.items():
+                self.graph[name] = set(imported_modules(path, name, known, runtime_only=True))
+        return module if module in self.graph else None
+
     def scope(self, entries: Iterable[str], config: Any = None) -> list[str]:
-        """The modules ``entries`` and the registered names of ``config`` run: their imports, transitively, and
-        the packages above each (importing a module runs its packages' ``__init__``), sorted."""
+        """The modules ``entries``, the registered names and the plugins of ``config`` run: their imports,
+        transitively, and the packages above each (importing a module runs its packages' ``__init__``), sorted."""
         found: set[str] = set()
-        pending = [*entries, *self.registered(config)]
+        plugins = [self._plugin_module(target) for target in self.plugins(config).values()]
+        pending = [*entries, *self.registered(config), *(module for module in plugins if module is not None)]
         while pending:
             module = pending.pop()
             if module in found:
@@ -165,14 +227,17 @@ class PackageCode:
             found.add(module)
             pending += self.graph[module]
             parent = module.rpartition(".")[0]
-            pending += [parent] if parent else []
+            pending += [parent] if parent in self.graph else []
         return sorted(found)
 
-    def fingerprint(self, modules: Iterable[str]) -> str:
-        """Hash of ``modules``' names and sources plus the versions of the numeric libraries they run on."""
+    def fingerprint(self, modules: Iterable[str], *, plugins: Mapping[str, str]) -> str:
+        """Hash of ``modules``' names and sources, the ``plugins`` names resolve to (``plugins()``), and the versions
+        of the numeric libraries they run on."""
         digest = hashlib.sha256()
         for module in sorted(modules):
             digest.update(f"{module}\0{self._digest(module)}\n".encode())
+        for name, target in sorted(plugins.items()):
+            digest.update(f"{name}={target}\n".encode())
         for dist in LIBRARIES:
             digest.update(f"{dist}=={library_version(dist)}\n".encode())
         return digest.hexdigest()

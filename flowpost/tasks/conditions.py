@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import ConditionsConfig
+from flowpost.core.config.schema.models import ConditionsConfig
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from flowpost.core.checkpoint import step_checkpoints
-from flowpost.core.config.schema import StageConfig
+from flowpost.core.config.schema.stages import StageConfig
 from flowpost.core.contracts import Acquisition
 from flowpost.core.evaluation.checkpoint_weights import load_checkpoint_weights
 from flowpost.core.io import read_json, write_bytes_atomic

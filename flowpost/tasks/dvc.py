@@ -1,6 +1,6 @@
 """The pipeline as DVC stages: ``params.yaml`` (the resolved pipeline) and ``dvc.yaml`` (one stage per node).
 
-Each DVC stage calls ``flowpost stage NODE --pipeline params.yaml --workspace workspace --layout
+Each DVC stage calls ``flowpost run-node NODE --pipeline params.yaml --workspace workspace --folders
 fixed --force``: DVC decides what is stale, flowpost runs it in the node's fixed folder. Outs are
 the durable results only; a training stage's checkpoints are ``persist: true, cache: false`` so a
 killed ``dvc repro`` resumes (with ``evaluate.every`` the eval stages depend on them and each
@@ -26,14 +26,23 @@ from typing import Any
 import yaml
 
 from flowpost.core.config.loading import pipeline_to_dict
-from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.config.schema.fingerprints import fingerprinted_keys
+from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.io import file_errors_reported, write_bytes_atomic
 from flowpost.core.models.pretrained import is_hub_id
 from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
 from flowpost.tasks.code_scope import installed_code
 from flowpost.tasks.curve import CURVE_FILE
-from flowpost.tasks.graph import Node, NodeKind, build_nodes, code_scope, fixed_folder, reads_promoted
+from flowpost.tasks.graph import (
+    Node,
+    NodeKind,
+    build_nodes,
+    code_fingerprint,
+    code_scope,
+    fixed_folder,
+    reads_promoted,
+)
 from flowpost.tasks.runner import PRETRAINED_KINDS
 
 PARAMS_FILE = "params.yaml"
@@ -54,18 +63,11 @@ def _params(node: Node, pipeline: PipelineConfig) -> list[str]:
     if node.kind is NodeKind.LATENTS:
         return [f"latents.{node.key}"]
     if node.kind is NodeKind.TRAIN:
-        stage = f"stages.{node.key}"
-        keys = [f"{stage}.{k}" for k in node.config if k not in ("seed", "smoke", "callbacks", "launch")]
-        keys += [f"{stage}.callbacks.{k}" for k in node.config["callbacks"]]
-        keys += [f"{stage}.launch.{k}" for k in node.config["launch"]]
-        return [*common, *keys]
+        return [*common, *fingerprinted_keys(f"stages.{node.key}", pipeline.stages[node.key])]
     if node.kind is NodeKind.EVAL:
-        evaluate = [f"evaluate.{k}" for k in pipeline.evaluate.model_dump() if k != "after"]
-        return [*common, *evaluate, f"stages.{node.key}.rewards"]
-    if node.kind is NodeKind.EXPORT:
-        gated = pipeline.export is not None and pipeline.export.promote is not None
-        section = ["export.from", "export.formats"] if gated else ["export"]  # the gate is the promote stage's
-        return [*common, *section, "evaluate.weights"]
+        return [*common, *fingerprinted_keys("evaluate", pipeline.evaluate), f"stages.{node.key}.rewards"]
+    if node.kind is NodeKind.EXPORT and pipeline.export is not None:
+        return [*common, *fingerprinted_keys("export", pipeline.export), "evaluate.weights"]
     if node.kind is NodeKind.PROMOTE:
         return [*common, "export.promote"]
     return ["name", "evaluate.after"]
@@ -105,7 +107,8 @@ def dvc_stages(pipeline: PipelineConfig) -> dict[str, Any]:
         deps += source_dependencies(dataset, where=f"datasets.{node.key}") if dataset is not None else []
         deps += pretrained_dependencies(node)
         stage: dict[str, Any] = {
-            "cmd": f"flowpost stage {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} --layout fixed --force",
+            "cmd": f"flowpost run-node {node.id} --pipeline {PARAMS_FILE} --workspace {WORKSPACE} "
+            "--folders fixed --force",
             # DVC hashes what the node reads outside the workspace (prompts, media, shards, local pretrained weights)
             "deps": deps,
             "params": _params(node, pipeline),
@@ -169,8 +172,7 @@ def code_files(pipeline: PipelineConfig) -> dict[str, dict[str, Any]]:
     package = installed_code()
     files = {}
     for node in build_nodes(pipeline):
-        modules = code_scope(node, package)
-        files[node.id] = {"code": package.fingerprint(modules), "modules": modules}
+        files[node.id] = {"code": code_fingerprint(node, package), "modules": code_scope(node, package)}
     return files
 
 

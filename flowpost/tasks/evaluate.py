@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import EvaluateConfig, RewardConfig
+from flowpost.core.config.schema.evaluation import EvaluateConfig
+from flowpost.core.config.schema.rewards import RewardConfig
 from flowpost.core.evaluation.grid import save_grid
 from flowpost.core.evaluation.intervals import summarize
 from flowpost.core.evaluation.plan import EvalPlan, generate

@@ -8,12 +8,17 @@ from typing import Any
 
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR
+from flowpost.core.models.kohya_layouts import KOHYA_LAYOUTS
+from flowpost.core.models.kohya_lora import save_kohya_lora
+from flowpost.core.models.lora import LORA_WEIGHTS
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.provenance import git_state, library_versions
+from flowpost.errors import FlowpostError
 from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
 from flowpost.tasks.weights import stage_weights
 
 EXPORT_MANIFEST = "export.json"
+KOHYA_LORA_FILE = "lora_kohya.safetensors"
 
 
 def export_stage(
@@ -28,8 +33,9 @@ def export_stage(
     formats: tuple[str, ...] = ("diffusers",),
 ) -> dict[str, Any]:
     """Copy a stage's weights to ``out_dir`` and describe them: ``transformer/`` (LoRA merged) loads with
-    diffusers' ``from_pretrained``, ``lora/`` (when the stage trained LoRA) with ``load_lora_weights``, and
-    with the ``pipeline`` format the folder itself with ``DiffusionPipeline.from_pretrained``. A pretrained
+    diffusers' ``from_pretrained``, ``lora/`` (when the stage trained LoRA) with ``load_lora_weights``, with
+    the ``pipeline`` format the folder itself with ``DiffusionPipeline.from_pretrained``, and with the ``kohya``
+    format ``lora_kohya.safetensors`` in ComfyUI and kohya-based tools (and ``load_lora_weights``). A pretrained
     family's ``scheduler/`` comes along, so ``flowpost sample`` needs only the VAE and text encoders of the
     source pipeline (none with the ``pipeline`` format)."""
     source, used = stage_weights(train_dir, weights)
@@ -43,6 +49,9 @@ def export_stage(
     adapter = read_json(source / ADAPTER_FILE, what="model adapter manifest")
     write_json_atomic(out_dir / ADAPTER_FILE, adapter)
     progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
+    (out_dir / KOHYA_LORA_FILE).unlink(missing_ok=True)
+    if "kohya" in formats:
+        _write_kohya_lora(out_dir, adapter, stage=stage, step=progress["optimizer_step"])
     guard = read_guard_record(train_dir)
     manifest = {
         "stage": stage,
@@ -72,6 +81,25 @@ def export_stage(
     return manifest
 
 
+def _write_kohya_lora(out_dir: Path, adapter: dict[str, Any], *, stage: str, step: int) -> None:
+    """``lora/`` again as one file in the family's kohya layout, its header naming the stage and step."""
+    lora, layout = adapter.get("trained_with_lora"), KOHYA_LAYOUTS.get(adapter["family"])
+    if not lora or layout is None:
+        raise FlowpostError(
+            f"'kohya' needs a LoRA stage of a family with a kohya layout; stage {stage!r} trains "
+            f"{adapter['family']!r}{' with LoRA' if lora else ' without LoRA'}",
+            where="export.formats",
+        )
+    save_kohya_lora(
+        out_dir / LORA_DIR / LORA_WEIGHTS,
+        out_dir / KOHYA_LORA_FILE,
+        layout,
+        rank=lora["rank"],
+        alpha=lora["alpha"],
+        metadata={"flowpost.family": adapter["family"], "flowpost.stage": stage, "flowpost.step": str(step)},
+    )
+
+
 def _encoder_fingerprint(train_dir: Path) -> str | None:
     """The fingerprint of the condition encoder the stage trained with (from its stage spec)."""
     spec_path = train_dir / "stage.json"
@@ -94,6 +122,14 @@ def model_card(manifest: dict[str, Any]) -> str:
         *(
             ["- Pipeline: this folder (`DiffusionPipeline.from_pretrained`)"]
             if "pipeline" in manifest["formats"]
+            else []
+        ),
+        *(
+            [
+                f"- LoRA for ComfyUI and kohya-based tools: `{KOHYA_LORA_FILE}` (kohya key layout, the original "
+                "checkpoint's module names; `pipe.load_lora_weights` loads it too)"
+            ]
+            if "kohya" in manifest["formats"]
             else []
         ),
         f"- Text encoder: {manifest['encoder']['name']} (package `{manifest['encoder']['package']}`, "

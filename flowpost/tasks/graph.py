@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from flowpost.core.config.schema import DatasetConfig, PipelineConfig
+from flowpost.core.config.schema.datasets import DatasetConfig, SampledPairsDataset, TrajectoriesDataset
+from flowpost.core.config.schema.fingerprints import fingerprinted
+from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.io import sha256_json
 from flowpost.tasks.code_scope import PackageCode, installed_code
 
@@ -98,11 +100,10 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 NodeKind.TRAIN,
                 name,
                 tuple(deps),
-                {**common, **_train_config(stage.model_dump(mode="json"))},
+                {**common, **fingerprinted(stage)},
             )
         )
-    evaluate = p.evaluate.model_dump(mode="json")
-    evaluate.pop("after")  # which other stages are evaluated does not change this one's result
+    evaluate = fingerprinted(p.evaluate)
     for name in p.evaluate.after:
         rewards = [reward.model_dump(mode="json") for reward in p.stages[name].rewards]  # the reward-judge gap
         deps = [
@@ -130,7 +131,7 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
                 tuple(deps),
                 {
                     **common,
-                    **p.export.model_dump(mode="json", by_alias=True, exclude={"promote"}),
+                    **fingerprinted(p.export),
                     "weights": p.evaluate.weights,
                 },
             )
@@ -147,9 +148,9 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
 
 def _sampling_deps(dataset: DatasetConfig) -> tuple[str, ...]:
     """What a dataset sampled from a finished stage (teacher trajectories, preference pairs) reads."""
-    if dataset.trajectories is not None:
+    if isinstance(dataset, TrajectoriesDataset):
         return (f"train.{dataset.trajectories.stage}", f"conditions.{dataset.trajectories.conditions}")
-    if dataset.sample is not None:
+    if isinstance(dataset, SampledPairsDataset):
         sample = dataset.sample
         return (f"train.{sample.stage}", f"acquire.{sample.prompts}", f"conditions.{sample.conditions}")
     return ()
@@ -170,7 +171,7 @@ def _dependencies_first(nodes: list[Node]) -> list[Node]:
 
 
 def fixed_folder(node: Node, pipeline: PipelineConfig) -> str:
-    """The node's folder in the fixed layout DVC uses (``data/``, ``conditions/``, ``latents/``, ``stages/``,
+    """The node's folder among the fixed folders DVC uses (``data/``, ``conditions/``, ``latents/``, ``stages/``,
     ``eval/``)."""
     key = node.key
     return {
@@ -185,20 +186,10 @@ def fixed_folder(node: Node, pipeline: PipelineConfig) -> str:
     }[node.kind]
 
 
-def _train_config(stage: dict[str, Any]) -> dict[str, Any]:
-    """A stage's config as its fingerprint sees it: trackers only log and the hang timeout only
-    watches, so both are left out."""
-    callbacks = dict(stage.get("callbacks") or {})
-    callbacks.pop("trackers", None)
-    launch = dict(stage.get("launch") or {})
-    launch.pop("hang_timeout", None)
-    return {**stage, "callbacks": callbacks, "launch": launch}
-
-
 # The modules each node kind runs: its task function's file (a training node's also the stage process it
 # starts). What the runner, the graph, the flows, DVC and the CLI add decides which nodes run, not what a
 # node computes, so it is in no scope; the registered trainer, family, rewards and metrics a node's config
-# names are added to its scope (``PackageCode.registered``).
+# names are added to its scope (``PackageCode.registered``), and so are its plugins' (``PackageCode.plugins``).
 CODE_ENTRIES: dict[NodeKind, tuple[str, ...]] = {
     NodeKind.ACQUIRE: ("flowpost.tasks.acquire",),
     NodeKind.CONDITIONS: ("flowpost.tasks.conditions",),
@@ -225,9 +216,10 @@ def code_scope(node: Node, package: PackageCode | None = None) -> list[str]:
 
 
 def code_fingerprint(node: Node, package: PackageCode | None = None) -> str:
-    """Hash of the sources of ``node``'s code scope plus the versions of the numeric libraries they run on."""
+    """Hash of the sources of ``node``'s code scope, the classes its plugin names resolve to, and the versions of
+    the numeric libraries they run on."""
     package = package or installed_code()
-    return package.fingerprint(code_scope(node, package))
+    return package.fingerprint(code_scope(node, package), plugins=package.plugins(node.config))
 
 
 def reads_promoted(node: Node) -> bool:

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from flowpost.core.config.schema import CodecModelConfig, DatasetConfig, LatentsConfig
+from flowpost.core.config.schema.captioned import CaptionedDataset
+from flowpost.core.config.schema.datasets import DatasetConfig
+from flowpost.core.config.schema.models import CodecModelConfig, LatentsConfig
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
@@ -27,7 +29,7 @@ def cache_latents(
         out_dir,
         encode=adapter.encode_output_state,
         codec_fingerprint=adapter.codec_fingerprint(),
-        preprocess=dataset.model_dump(mode="json").get("preprocess", {}),
+        preprocess=dataset.preprocess.model_dump(mode="json") if isinstance(dataset, CaptionedDataset) else {},
         device=device,
         batch_size=config.batch_size,
         where=f"{where}.model.family",

@@ -9,14 +9,17 @@ from dataclasses import dataclass
 import torch
 
 from flowpost.core.config.loading import network_model
-from flowpost.core.config.schema import ModelConfig, PipelineConfig, StageConfig
+from flowpost.core.config.schema.models import ModelConfig
+from flowpost.core.config.schema.pipeline import PipelineConfig
+from flowpost.core.config.schema.stages import StageConfig
 from flowpost.core.memory import GIB, MemoryEstimate, estimate_memory
 from flowpost.core.models.footprint import ModelFootprint, model_footprint
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.core.models.precision import upcast_trainable
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
-from flowpost.core.trainers.arguments import OnlineArguments, TrainerArguments
+from flowpost.core.snapshots import Snapshot
+from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.registry import trainer_class
 from flowpost.errors import FlowpostError
 
@@ -67,7 +70,7 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
         world_size=stage.launch.num_processes,
         backend=stage.launch.backend,
         roles=max(1, len(trainer_class(stage.trainer).required_trainable_roles)),
-        snapshots=len(snapshot_names(stage)),
+        snapshots=len(stage_snapshots(stage)),
         micro_batch=micro_batch_per_gpu(stage),
         text_tokens=text_tokens(config, stage),
         activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
@@ -98,23 +101,11 @@ def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
     return model_footprint(adapter)
 
 
-def snapshot_names(stage: StageConfig) -> list[str]:
-    """The snapshots the stage's trainer and callbacks hold (what their ``setup`` captures)."""
-    args = stage.arguments()
-    names = ["ema"] if stage.callbacks.ema is not None else []
-    if _positive(args, "kl_beta") or stage.trainer in ("online-dpo", "offline-dpo"):
-        names.append("ref")
-    if stage.trainer == "nft":
-        names.append("old")
-    if _positive(args, "ema_kl_beta"):
-        names.append("anchor")
-    if stage.trainer in ("dmd2", "tdm", "consistency", "kd", "diffusion-opd"):
-        names.append("teacher")
-    return names
-
-
-def _positive(args: TrainerArguments, name: str) -> bool:
-    return float(getattr(args, name, 0.0) or 0.0) > 0
+def stage_snapshots(stage: StageConfig) -> frozenset[Snapshot]:
+    """The snapshots the stage holds: those its trainer declares under its arguments (built-in or plugin),
+    and the EMA callback's."""
+    held = trainer_class(stage.trainer).snapshots_held(stage.arguments())
+    return held | {Snapshot.EMA} if stage.callbacks.ema is not None else held
 
 
 def micro_batch_per_gpu(stage: StageConfig) -> int:

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flowpost.core.config.schema import EVAL_METRICS, PromoteConfig
+from flowpost.core.config.schema.evaluation import RESULT_FIELDS
+from flowpost.core.config.schema.export import PromoteConfig
 from flowpost.core.io import atomic_directory, read_json, write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE
 from flowpost.errors import FlowpostError
@@ -39,7 +40,7 @@ def decide(gate: PromoteConfig, candidate: dict[str, float], incumbent: dict[str
         return Decision(True, "promoted: nothing was promoted before")
     regressions = [
         text
-        for name, direction in gate.metrics.items()
+        for name, direction in gate.directions().items()
         if (text := _regression(name, direction, candidate[name], incumbent[name], gate.tolerance))
     ]
     if regressions:
@@ -112,16 +113,12 @@ def promote_export(
 ) -> dict[str, Any]:
     """Judge the export in ``export_dir`` against ``incumbent``; when it wins, record it as promoted.
 
-    ``keep_dir`` (for layouts that reuse the export folder) receives a copy of a promoted export,
+    ``keep_dir`` (for fixed folders, which reuse the export folder) receives a copy of a promoted export,
     which the record then names. Writes ``promotion.json`` to ``out_dir``; returns ``{promoted, reason}``.
     """
     manifest_path = export_dir / EXPORT_MANIFEST
-    metrics = _metrics(
-        read_json(manifest_path, what="export manifest")["metrics"],
-        EVAL_METRICS,
-        where=str(manifest_path),
-        fix="add the exported stage to evaluate.after",
-    )
+    metrics = _evaluated_metrics(read_json(manifest_path, what="export manifest")["metrics"])
+    _metrics(metrics, gate.metrics, where=str(manifest_path), fix="add the exported stage to evaluate.after")
     candidate = {"export": _relative(export_dir, workspace), "fingerprint": fingerprint, "stage": stage}
     already = incumbent is not None and incumbent["fingerprint"] == fingerprint
     if already:
@@ -156,6 +153,16 @@ def promote_export(
         },
     )
     return {"promoted": decision.promoted, "reason": decision.reason}
+
+
+def _evaluated_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The metric values of an evaluation's ``metrics.json`` (every number but its bookkeeping fields): what a
+    promoted record keeps, so a later gate may compare any of them."""
+    return {
+        key: float(value)
+        for key, value in result.items()
+        if key not in RESULT_FIELDS and isinstance(value, int | float) and not isinstance(value, bool)
+    }
 
 
 def _keep(export_dir: Path, kept: Path) -> Path:

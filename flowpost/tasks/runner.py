@@ -1,7 +1,7 @@
 """Run one node into its folder, or reuse a completed one.
 
-In the ``content`` layout (the Prefect runner's) ``WORKSPACE/<node-id>/<fingerprint[:12]>/`` holds
-a node's outputs; in the ``fixed`` layout (DVC's, whose cache does the addressing) the folder is
+With ``content`` folders (the Prefect runner's) ``WORKSPACE/<node-id>/<fingerprint[:12]>/`` holds
+a node's outputs; with ``fixed`` folders (DVC's, whose cache does the addressing) the folder is
 fixed per node (``data/<dataset>``, ``stages/<stage>``, ...). ``_complete.json``, written last,
 records the fingerprint and the sha256 of every file the node hands on, and marks the outputs
 usable; they are checked before each use (a damaged node reruns when it is asked for again, and a node
@@ -9,7 +9,7 @@ that needs it refuses to start). Without it the folder is an interrupted
 attempt (``_attempt.json`` names its fingerprint): a training node of the same fingerprint resumes
 from its checkpoints there; anything else starts the folder over.
 
-``WORKSPACE/promoted.json`` (both layouts) records the export the promotion gate promoted; a run
+``WORKSPACE/promoted.json`` (either way) records the export the promotion gate promoted; a run
 reads it once, and the gate and the stages with ``init: previous`` fingerprint what it named.
 """
 
@@ -25,7 +25,10 @@ from typing import Any, Literal
 from safetensors import SafetensorError
 
 from flowpost.core.config.loading import pipeline_to_dict
-from flowpost.core.config.schema import IMAGE_SOURCES, ModelConfig, PipelineConfig
+from flowpost.core.config.schema.captioned import CaptionedDataset
+from flowpost.core.config.schema.datasets import PromptFilesDataset, SampledPairsDataset, TrajectoriesDataset
+from flowpost.core.config.schema.models import ModelConfig
+from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.io import (
     file_errors_reported,
     read_json,
@@ -38,8 +41,8 @@ from flowpost.core.io import (
 from flowpost.core.logging import get_logger
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.trainers.spec import StageSpec
-from flowpost.data.captioned import source_fingerprint
 from flowpost.data.prompt_files import prompt_files_fingerprint
+from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
@@ -77,9 +80,9 @@ PROMPT_FILES = "prompt files"  # a source: the contents of a prompt-files datase
 SOURCE_FILES = "source files"  # a source: the media, captions, tables or shards a captioned dataset reads
 PRETRAINED = "pretrained weights"  # a source: the files of a stage's or a cache's model.pretrained folder
 PRETRAINED_KINDS = (NodeKind.TRAIN, NodeKind.CONDITIONS, NodeKind.LATENTS)  # nodes that may load model.pretrained
-PROMOTED_COPIES = "promoted"  # fixed layout: copies of promoted exports, whose folders the next export reuses
-Layout = Literal["content", "fixed"]
-LAYOUTS: tuple[Layout, ...] = ("content", "fixed")
+PROMOTED_COPIES = "promoted"  # fixed folders: copies of promoted exports, whose folders the next export reuses
+Folders = Literal["content", "fixed"]  # how node folders are named: by fingerprint, or fixed for DVC
+FOLDERS: tuple[Folders, ...] = ("content", "fixed")
 
 
 @dataclass(frozen=True)
@@ -95,10 +98,10 @@ class NodeResult:
 class PipelineRun:
     """A pipeline bound to a workspace: node graph, fingerprints, folders, and the promoted export as found."""
 
-    def __init__(self, pipeline: PipelineConfig, workspace: str | Path, *, layout: Layout = "content") -> None:
+    def __init__(self, pipeline: PipelineConfig, workspace: str | Path, *, folders: Folders = "content") -> None:
         self.pipeline = pipeline
         self.workspace = checked_workspace(workspace)
-        self.layout = layout
+        self.folders = folders
         self.promoted = read_promoted(self.workspace)
         self.nodes = {node.id: node for node in build_nodes(pipeline)}
         self.inputs = fingerprint_inputs(list(self.nodes.values()), sources=self._sources)
@@ -117,10 +120,10 @@ class PipelineRun:
             )
             found[PRETRAINED] = source.fingerprint()
         dataset = self.pipeline.datasets.get(node.key) if node.kind is NodeKind.ACQUIRE else None
-        if dataset is not None and dataset.source == "prompt-files":
+        if isinstance(dataset, PromptFilesDataset):
             found[PROMPT_FILES] = prompt_files_fingerprint(dataset.path, where=f"datasets.{node.key}.path")
-        elif dataset is not None and dataset.source in IMAGE_SOURCES:
-            found[SOURCE_FILES] = source_fingerprint(dataset, where=f"datasets.{node.key}")
+        elif isinstance(dataset, CaptionedDataset):
+            found[SOURCE_FILES] = source_for(dataset).fingerprint(where=f"datasets.{node.key}")
         if node.kind is NodeKind.PROMOTE:
             found[PROMOTED] = judged_against(self.promoted, deps["export"])
         elif reads_promoted(node):
@@ -133,7 +136,7 @@ class PipelineRun:
         return self.nodes[node_id]
 
     def path(self, node_id: str) -> Path:
-        if self.layout == "fixed":
+        if self.folders == "fixed":
             return self.workspace / fixed_folder(self.node(node_id), self.pipeline)
         return self.workspace / node_id / self.fingerprints[node_id][:12]
 
@@ -145,10 +148,13 @@ class PipelineRun:
         return completed_damage(self.path(node_id))
 
     def rebuild_command(self, node_id: str) -> str:
-        """The command that rebuilds ``node_id`` in this workspace's layout (same pipeline and ``--set``)."""
-        if self.layout == "fixed":
-            return f"`dvc repro --force --single-item {node_id}` (or `flowpost stage {node_id} --layout fixed --force`)"
-        return f"`flowpost run` (it reruns damaged nodes) or `flowpost stage {node_id}`"
+        """The command that rebuilds ``node_id`` in this workspace's folders (same pipeline and ``--set``)."""
+        if self.folders == "fixed":
+            return (
+                f"`dvc repro --force --single-item {node_id}` "
+                f"(or `flowpost run-node {node_id} --folders fixed --force`)"
+            )
+        return f"`flowpost run` (it reruns damaged nodes) or `flowpost run-node {node_id}`"
 
     def execute(
         self,
@@ -226,7 +232,7 @@ class PipelineRun:
     def _check_input(self, node_id: str, dep: str) -> None:
         """Refuse to run ``node_id`` while its input ``dep`` has not completed or is damaged."""
         complete = self.is_complete(dep)
-        if not (self.path(dep).is_dir() if self.layout == "fixed" else complete):  # DVC restores outs bare
+        if not (self.path(dep).is_dir() if self.folders == "fixed" else complete):  # DVC restores outs bare
             raise FlowpostError(
                 f"node {node_id} needs {dep}, which has not completed; run it first", where=str(self.path(dep))
             )
@@ -290,8 +296,8 @@ class NodeCall:
 def _acquire(call: NodeCall) -> dict[str, Any]:
     run, key = call.run, call.node.key
     p, dataset = run.pipeline, run.pipeline.datasets[key]
-    sampled, sample = dataset.trajectories, dataset.sample
-    if sample is not None:
+    if isinstance(dataset, SampledPairsDataset):
+        sample = dataset.sample
         cond_dir = run.path(f"conditions.{sample.conditions}")
         manifest = sample_pairs(
             sample,
@@ -304,9 +310,8 @@ def _acquire(call: NodeCall) -> dict[str, Any]:
             seed=p.seed,
             smoke=p.smoke,
         )
-    elif sampled is None:
-        manifest = acquire_dataset(dataset, call.out, smoke=p.smoke, where=f"datasets.{key}")
-    else:
+    elif isinstance(dataset, TrajectoriesDataset):
+        sampled = dataset.trajectories
         cond_dir = run.path(f"conditions.{sampled.conditions}")
         manifest = acquire_trajectories(
             sampled,
@@ -319,6 +324,8 @@ def _acquire(call: NodeCall) -> dict[str, Any]:
             seed=p.seed,
             smoke=p.smoke,
         )
+    else:
+        manifest = acquire_dataset(dataset, call.out, smoke=p.smoke, where=f"datasets.{key}")
     return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
 
 
@@ -392,7 +399,7 @@ def _promote(call: NodeCall) -> dict[str, Any]:
         incumbent=run.promoted,
         workspace=run.workspace,
         out_dir=call.out,
-        keep_dir=run.workspace / PROMOTED_COPIES if run.layout == "fixed" else None,
+        keep_dir=run.workspace / PROMOTED_COPIES if run.folders == "fixed" else None,
     )
 
 

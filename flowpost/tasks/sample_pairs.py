@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import RewardConfig, SampledPairsConfig
+from flowpost.core.config.schema.rewards import RewardConfig
+from flowpost.core.config.schema.sampled import SampledPairsConfig
 from flowpost.core.io import write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.models.registry import load_adapter

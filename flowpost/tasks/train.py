@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowpost.core.config.schema import PipelineConfig
+from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.events import DoneEvent, Event, read_events, read_typed_events
 from flowpost.core.process_group import failed_ranks, rank_error, rank_failure, rank_log
 from flowpost.core.trainers.spec import PARENT_PID_ENV, StageSpec

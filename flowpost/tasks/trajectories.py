@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from flowpost.core.conditions import NULL_PROMPT
-from flowpost.core.config.schema import TrajectoriesConfig
+from flowpost.core.config.schema.sampled import TrajectoriesConfig
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.core.models.registry import load_adapter

@@ -1,4 +1,4 @@
-"""One run at a time per workspace: ``flowpost run`` and ``flowpost stage`` hold an exclusive lock on it.
+"""One run at a time per workspace: ``flowpost run`` and ``flowpost run-node`` hold an exclusive lock on it.
 
 The lock is an ``flock`` on ``WORKSPACE/.flowpost.lock``, a file that also names its holder (pid,
 host, start time, command). The kernel releases it when the holder exits, however it exits

@@ -38,3 +38,15 @@ def test_render_keeps_the_measuring_runs_stamp_and_shows_what_flowpost_adds(tmp_
         "| sd3 | 8.8 ms | 7.7 ms | 1.1 ms | 1.143 |" in text and "| wan2 | 32.2 ms | 31.1 ms | 1.1 ms | 1.035 |" in text
     )
     assert "What flowpost adds (1.1 ms per step here)" in text
+
+
+def test_a_run_keeps_the_studies_written_below_its_sections(tmp_path: Path) -> None:
+    (tmp_path / "family_step.json").write_text(json.dumps({"sd3": _family(0.0088, 0.0077)}))
+    out = tmp_path / "results.md"
+    study = f"{run_all.STUDIES}\n\n## A study\n\n`python bench/study.py` | 1 -> 2 |\n"
+    out.write_text("# Benchmarks\n\nold figures\n\n" + study)
+    for _ in range(2):
+        assert run_all.main(["--render", "--workspace", str(tmp_path), "--out", str(out), "--only", "family_step"]) == 0
+    text = out.read_text()
+    assert "old figures" not in text and "| sd3 | 8.8 ms |" in text
+    assert text.count(run_all.STUDIES) == 1 and text.endswith(study)

@@ -16,6 +16,7 @@ from flowpost.core.contracts import (
     Paradigm,
 )
 from flowpost.core.progress import TrainingProgress
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import DatasetArguments, OnlineArguments
 from flowpost.core.trainers.dataset import DatasetTrainer
 from flowpost.core.trainers.generation import GenerationTrainer
@@ -111,6 +112,33 @@ def test_arguments_without_a_paradigm_are_rejected() -> None:
 
     with pytest.raises(TypeError, match="Bare must declare"):
         type("NoParadigm", (DatasetTrainer,), {"Arguments": Bare})
+
+
+@pytest.mark.parametrize(
+    ("snapshots", "message"),
+    [
+        ({"ref": None}, "'ref' is no Snapshot"),
+        ({Snapshot.REFERENCE: "kl_bta"}, "'ref' is switched on by 'kl_bta', no field of _DecoupledDataset"),
+    ],
+)
+def test_a_snapshot_declaration_is_checked_at_definition(snapshots: dict, message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        type("Bad", (DatasetTrainer,), {"Arguments": _DecoupledDataset, "captured_snapshots": snapshots})
+
+
+def test_a_switched_snapshot_is_held_while_its_field_is_set() -> None:
+    class Switched(_DecoupledDataset):
+        kl_beta: float = 0.0
+
+    trainer = type(
+        "WithReference",
+        (DatasetTrainer,),
+        {"Arguments": Switched, "captured_snapshots": {Snapshot.TEACHER: None, Snapshot.REFERENCE: "kl_beta"}},
+    )
+    assert trainer.snapshots_held(Switched()) == {Snapshot.TEACHER}
+    assert trainer.snapshots_held(Switched(kl_beta=0.1)) == {Snapshot.TEACHER, Snapshot.REFERENCE}
+    with pytest.raises(TypeError, match="no field of _DecoupledDataset"):  # a subclass's Arguments lacks it
+        type("Narrowed", (trainer,), {"Arguments": _DecoupledDataset})
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))

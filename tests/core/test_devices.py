@@ -83,13 +83,14 @@ def test_the_ode_stays_on_the_latents_device(on_meta):
 
 def test_the_teachers_sub_stepped_ode_and_the_distillation_losses_stay_on_the_latents_device(on_meta):
     from flowpost.core.sampling.substeps import ode_states
+    from flowpost.core.snapshots import Snapshot
     from flowpost.core.trainers.distill.consistency import clean_prediction, consistency_loss
     from flowpost.core.trainers.distill.kd import kd_loss
     from flowpost.core.trainers.distill.opd import opd_loss
-    from flowpost.core.trainers.distill.teacher import TEACHER, teacher_velocity
+    from flowpost.core.trainers.distill.teacher import teacher_velocity
 
     adapter, state, negative = on_meta
-    adapter.snapshots.capture(TEACHER, adapter.module())
+    adapter.snapshots.capture(Snapshot.TEACHER, adapter.module())
     x = torch.zeros(BATCH, 1, 16, 16, device=META)
     sigma, sigma_next = torch.tensor([0.8, 0.5]), torch.tensor([0.4, 0.0])  # a CPU sigma table's rows
     with OneDevice():

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from flowpost.core.callbacks.ema import EMA_SNAPSHOT, EMACallback
+from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.roles import Snapshots
+from flowpost.core.snapshots import Snapshot
 
 
 def _cpu_state(module: nn.Module, fill: float) -> dict[str, torch.Tensor]:
@@ -64,8 +65,8 @@ def test_ema_callback_keys_the_snapshot_by_the_adapter_network_not_the_wrapper()
     with torch.no_grad():
         net.weight.add_(1.0)
     callback.on_step_end(trainer, {})  # type: ignore[arg-type]
-    ema = adapter.snapshots.state_dict(EMA_SNAPSHOT)
+    ema = adapter.snapshots.state_dict(Snapshot.EMA)
     assert set(ema) == {"weight", "bias"}
     torch.testing.assert_close(ema["weight"], net.weight.detach() - 0.5)
-    with adapter.snapshots.swapped_in(EMA_SNAPSHOT, net):
+    with adapter.snapshots.swapped_in(Snapshot.EMA, net):
         torch.testing.assert_close(net.weight.detach(), ema["weight"])

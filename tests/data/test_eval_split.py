@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flowpost.core.config.schema import DatasetConfig
+from flowpost.core.config.schema import dataset_config
 from flowpost.data.eval_split import read_eval_split
 from flowpost.data.splits import held_out
 from flowpost.errors import FlowpostError
@@ -18,7 +18,7 @@ FOLDER = Path(__file__).resolve().parents[1] / "data" / "folder"
 
 
 def test_an_image_folder_split_gives_its_held_out_captions_and_images(tmp_path: Path) -> None:
-    config = DatasetConfig.model_validate(
+    config = dataset_config(
         {"source": "image-folder", "path": str(FOLDER), "preprocess": {"mode": "grayscale"}, "split": {"eval": 0.2}}
     )
     acquire_dataset(config, tmp_path)
@@ -32,7 +32,7 @@ def test_an_image_folder_split_gives_its_held_out_captions_and_images(tmp_path: 
 
 
 def test_a_dataset_that_holds_nothing_out_says_so(tmp_path: Path) -> None:
-    config = DatasetConfig.model_validate({"source": "image-folder", "path": str(FOLDER)})
+    config = dataset_config({"source": "image-folder", "path": str(FOLDER)})
     acquire_dataset(config, tmp_path)
     with pytest.raises(FlowpostError, match=r"^evaluate\.dataset: .* holds no evaluation prompts"):
         read_eval_split(tmp_path, where="evaluate.dataset")

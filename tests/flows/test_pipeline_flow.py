@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -47,13 +48,25 @@ def _artifact(key: str):  # noqa: ANN202
     return found[-1]
 
 
-def test_a_failing_stage_fails_the_flow_naming_the_rank(prefect_harness, tiny_pipeline, tmp_path: Path) -> None:
+def test_a_failing_stage_fails_the_flow_naming_the_rank(
+    prefect_harness, tiny_pipeline, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from flowpost.flows.pipeline import pipeline_flow
 
     broken = tiny_pipeline()
     broken["stages"]["sft"]["model"]["transformer"]["num_attention_heads"] = 3  # incompatible with the width
-    with pytest.raises(FlowpostError, match="rank 0"):
-        pipeline_flow(broken, str(tmp_path))
+    broken["stages"]["sft"]["model"]["lora"] = {"rank": 4096}  # above the width: a warning, once per run
+    logger = logging.getLogger("flowpost.core.config.loading")
+    logger.addHandler(caplog.handler)  # the flowpost loggers may not propagate to the root
+    try:
+        for log_warnings in (True, False):  # `flowpost run` printed them already: it turns them off
+            caplog.clear()
+            with pytest.raises(FlowpostError, match="rank 0"):
+                pipeline_flow(broken, str(tmp_path), log_warnings=log_warnings)
+            warned = {id(r): r for r in caplog.records if "lora.rank: 4096 is above the width" in r.getMessage()}
+            assert len(warned) == int(log_warnings), caplog.records
+    finally:
+        logger.removeHandler(caplog.handler)
     assert not (tmp_path / "metrics.json").exists()
 
 

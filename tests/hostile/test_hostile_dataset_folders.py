@@ -221,5 +221,5 @@ def test_a_hostile_dataset_is_refused_naming_the_place_and_nothing_is_written(
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(yaml.safe_dump(pipeline_with({"mine": {"preprocess": {"mode": "grayscale"}, **dataset}})))
     workspace = tmp_path / "ws"
-    refused("stage", "acquire.mine", "--pipeline", str(pipeline), "--workspace", str(workspace), naming=says)
+    refused("run-node", "acquire.mine", "--pipeline", str(pipeline), "--workspace", str(workspace), naming=says)
     nothing_written(workspace)

@@ -102,7 +102,7 @@ def test_a_broken_prompt_file_is_named_and_nothing_is_written(
     pipeline, workspace = _acquire(tmp_path, "prompts")
     where = "datasets.prompts.path" if "no prompts found" in says or "suffix" in case else f"prompts/{name}"
     outcome = refused(
-        "stage", "acquire.prompts", "--pipeline", str(pipeline), "--workspace", str(workspace), naming=says
+        "run-node", "acquire.prompts", "--pipeline", str(pipeline), "--workspace", str(workspace), naming=says
     )
     assert where in outcome.stderr, outcome.stderr
     nothing_written(workspace)

@@ -4,10 +4,12 @@ and what depends on them, nothing else (pure: nodes are marked complete, nothing
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_site import EXAMPLE, PACKAGE, example_entry_points, install_example_plugin, on_path
 
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
 from flowpost.core.config.schema import PipelineConfig
@@ -20,6 +22,7 @@ from flowpost.tasks.plan import plan_run
 from flowpost.tasks.runner import PipelineRun
 
 ALL = {"acquire.digits", "conditions.minilm", "train.sft", "train.grpo", "eval.sft", "eval.grpo", "export", "report"}
+EVALUATED = {"eval.sft", "eval.grpo", "export", "report"}  # what an edit of an evaluation metric reruns
 
 
 @pytest.fixture
@@ -131,3 +134,50 @@ def test_the_scope_follows_the_pipeline_config() -> None:
     assert "flowpost.core.rewards.brightness" in code_scope(nodes["eval.grpo"])  # the trained reward, scored
     assert "flowpost.core.rewards.digit_adherence" not in code_scope(nodes["train.grpo"])
     assert "flowpost.core.rewards.brightness" not in code_scope(nodes["train.sft"])
+
+
+@pytest.fixture
+def plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The example plugin installed (its reward trains the pipelines' grpo stage; its metric scores both stages)."""
+    with on_path(install_example_plugin(tmp_path / "site"), monkeypatch) as site:
+        yield site
+
+
+@pytest.mark.parametrize("pipeline", ["entry-points.yaml", "class-paths.yaml"])  # named by entry point, or path
+@pytest.mark.parametrize(
+    ("file", "changed"),
+    [
+        ("rewards.py", EVALUATED | {"train.grpo"}),  # the stage trained on the reward, the evaluations scoring it
+        ("images.py", EVALUATED | {"train.grpo"}),  # a module of the plugin's package the reward imports
+        ("metrics.py", EVALUATED),
+    ],
+)
+def test_an_edit_of_a_plugin_changes_the_nodes_that_use_it(
+    plugin_site: Path, pipeline: str, file: str, changed
+) -> None:
+    nodes = build_nodes(load_pipeline(EXAMPLE / "pipelines" / pipeline))
+    before = fingerprints(nodes, code=PackageCode())
+    _edit(plugin_site / PACKAGE, file)
+    after = fingerprints(nodes, code=PackageCode())
+    assert {node for node in before if before[node] != after[node]} == changed
+
+
+def test_a_stage_scope_holds_its_plugin_reward_and_what_it_imports(plugin_site: Path) -> None:
+    nodes = {node.id: node for node in build_nodes(load_pipeline(EXAMPLE / "pipelines" / "entry-points.yaml"))}
+    code = PackageCode()  # not the process's cached sources, which would keep this test's plugin site
+    grpo, acquire = set(code_scope(nodes["train.grpo"], code)), set(code_scope(nodes["acquire.digits"], code))
+    plugin = {PACKAGE, f"{PACKAGE}.rewards", f"{PACKAGE}.images"}
+    assert plugin | {"flowpost.errors"} <= grpo and f"{PACKAGE}.metrics" not in grpo
+    assert not {module for module in acquire if module.startswith(PACKAGE)}
+
+
+def test_an_entry_point_pointed_at_another_class_changes_the_fingerprint(
+    plugin_site: Path, tmp_path, monkeypatch
+) -> None:
+    nodes = build_nodes(load_pipeline(EXAMPLE / "pipelines" / "entry-points.yaml"))
+    before = fingerprints(nodes, code=PackageCode())
+    points = example_entry_points()
+    points["flowpost.rewards"]["contrast"] = f"{PACKAGE}.rewards:Other"  # another class of the same module
+    with on_path(install_example_plugin(tmp_path / "moved", points), monkeypatch):
+        after = fingerprints(nodes, code=PackageCode())
+    assert {node for node in before if before[node] != after[node]} == EVALUATED | {"train.grpo"}

@@ -64,7 +64,7 @@ def test_a_corrupted_condition_cache_is_refused_then_rebuilt(run: PipelineRun) -
     assert str(refused.value) == (
         f"{cache}: node train.sft needs conditions.minilm, which is damaged: conditions.parquet does not match "
         "its recorded sha256 since it completed; rebuild it with `flowpost run` (it reruns damaged nodes) or "
-        "`flowpost stage conditions.minilm`"
+        "`flowpost run-node conditions.minilm`"
     )
     assert sorted(p.relative_to(run.path("train.sft")) for p in run.path("train.sft").rglob("*")) == stage_before
     with pytest.raises(FlowpostError, match="condition cache is damaged"):  # read directly, the cache refuses too
@@ -97,5 +97,5 @@ def test_nan_weights_in_an_export_are_refused_by_the_report_and_by_sample(run: P
     assert sampled.exit_code == 1 and not (tmp_path / "g.png").exists()
     assert str(sampled.exception) == (
         f"{export}: export is damaged: {WEIGHTS} does not match its recorded sha256 since it completed; "
-        "rebuild it with `flowpost run` (it reruns damaged nodes) or `flowpost stage export`"
+        "rebuild it with `flowpost run` (it reruns damaged nodes) or `flowpost run-node export`"
     )

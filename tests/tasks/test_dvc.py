@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_main import flowpost_main
 
 from flowpost.core.config.loading import load_pipeline, validate_pipeline
 from flowpost.tasks.dvc import CODE_DIR, dvc_stages, out_of_sync, render, write_code_files
@@ -27,7 +28,9 @@ def test_each_node_is_a_stage_with_its_params_and_durable_outs(tiny_pipeline) ->
     stages = dvc_stages(validate_pipeline(tiny_pipeline()))["stages"]
     assert list(stages) == ["code", "acquire.digits", "conditions.minilm", "train.sft", "eval.sft", "export", "report"]
     train = stages["train.sft"]
-    assert train["cmd"].startswith("flowpost stage train.sft --pipeline params.yaml --workspace workspace")
+    assert train["cmd"].startswith(
+        "flowpost run-node train.sft --pipeline params.yaml --workspace workspace --folders fixed"
+    )
     assert train["deps"] == ["workspace/code/train.sft.json", "workspace/data/digits", "workspace/conditions/minilm"]
     assert "stages.sft.train" in train["params"] and "stages.sft.callbacks.ema" in train["params"]
     assert not any("trackers" in key or "hang_timeout" in key for key in train["params"])
@@ -146,3 +149,23 @@ def test_a_stale_dvc_file_is_named_with_its_folder(tmp_path: Path) -> None:
     (tmp_path / "dvc.yaml").write_text("stages: {}\n")
     with pytest.raises(FlowpostError, match=rf"{tmp_path}: dvc.yaml out of sync with the pipeline"):
         check_in_sync(pipeline, tmp_path)
+
+
+def test_a_dvc_file_calling_flowpost_stage_is_out_of_sync_and_sync_rewrites_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dvc.yaml as flowpost wrote it before `flowpost stage` became `flowpost run-node` (and `--layout`,
+    `--folders`): `--check` names it, and `dvc sync` rewrites it alone."""
+    monkeypatch.chdir(tmp_path)
+    assert flowpost_main("dvc", "sync").code == 0
+    current = Path("dvc.yaml").read_text()
+    older = current.replace("flowpost run-node ", "flowpost stage ").replace("--folders fixed", "--layout fixed")
+    assert older != current
+    Path("dvc.yaml").write_text(older)
+    checked = flowpost_main("dvc", "sync", "--check")
+    assert (checked.code, checked.stderr) == (
+        1,
+        "error: .: dvc.yaml out of sync with the pipeline; run `flowpost dvc sync`\n",
+    )
+    assert flowpost_main("dvc", "sync").stdout == "wrote dvc.yaml\n"
+    assert Path("dvc.yaml").read_text() == current and flowpost_main("dvc", "sync", "--check").code == 0

@@ -96,7 +96,7 @@ def test_a_run_evaluates_every_test_prompt_then_exports(tiny_pipeline, tmp_path:
     nodes = ["acquire.digits", "acquire.prompts", "acquire.test_prompts", "conditions.minilm", "conditions.rl"]
     written = {}
     for node in [*nodes, "train.sft", "train.grpo", "eval.grpo", "export"]:
-        outcome = flowpost_main("stage", node, "-p", str(pipeline), "-w", str(workspace))
+        outcome = flowpost_main("run-node", node, "-p", str(pipeline), "-w", str(workspace))
         assert outcome.code == 0, (node, outcome.stderr)
         written[node] = Path(outcome.stdout.strip().splitlines()[-1].rpartition(" -> ")[2])
     metrics = json.loads((written["eval.grpo"] / "metrics.json").read_text())

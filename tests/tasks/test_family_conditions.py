@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from pretrained_stage import RGB_FOLDER
 from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
@@ -98,11 +99,13 @@ def test_the_pipeline_folder_enters_the_conditions_fingerprint(tiny_pipeline, sd
 
 
 def _sd3_pipeline(tiny_pipeline, folder: Path, *, stage_family: str = "sd3") -> dict[str, Any]:
+    """The tiny pipeline's SFT stage on the RGB shapes folder, through a cache of ``folder``'s SD3 encoders."""
     config = tiny_pipeline()
-    config["conditions"]["sd3"] = {"model": {"family": "sd3", "pretrained": str(folder)}, "datasets": ["digits"]}
+    config["datasets"]["shapes"] = {"source": "image-folder", "path": str(RGB_FOLDER), "preprocess": {"mode": "rgb"}}
+    config["conditions"]["sd3"] = {"model": {"family": "sd3", "pretrained": str(folder)}, "datasets": ["shapes"]}
     model = {"family": stage_family, "pretrained": str(folder)} if stage_family == "sd3" else {"family": stage_family}
     config["stages"]["sft"]["model"] = model
-    config["stages"]["sft"]["data"]["conditions"] = "sd3"
+    config["stages"]["sft"]["data"] = {"dataset": "shapes", "conditions": "sd3"}
     return config
 
 

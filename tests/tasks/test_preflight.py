@@ -10,14 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_site import on_path
+from pretrained_stage import with_model
 from tiny_flux1_pipeline import RESOLUTION
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH
 
 from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.memory import SNAPSHOT_ITEMSIZE
 from flowpost.core.models.footprint import model_footprint
+from flowpost.core.snapshots import Snapshot
+from flowpost.core.trainers.registry import TRAINERS
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.stage import build_adapter
-from flowpost.tasks.preflight import over_budget, snapshot_names, stage_memory
+from flowpost.tasks import preflight
+from flowpost.tasks.preflight import over_budget, stage_memory, stage_snapshots
 
 ROOT = Path(__file__).parents[2]
 SHAPES = ROOT / "docs" / "shapes"
@@ -30,12 +36,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
 
 
 def _config(tiny_pipeline, model: dict[str, Any], **stage: Any) -> dict[str, Any]:
-    config = tiny_pipeline()
-    config["stages"]["sft"]["model"] = model
+    config = with_model(tiny_pipeline, model)  # trains on RGB images, through its own family's encoders
     config["stages"]["sft"].update(stage)
-    encoders = {"family": model["family"], "pretrained": model["pretrained"]}
-    config["conditions"]["own"] = {"model": encoders, "datasets": ["digits"], "max_length": 8}
-    config["stages"]["sft"]["data"]["conditions"] = "own"
+    config["conditions"]["own"]["max_length"] = 8
     return config
 
 
@@ -75,17 +78,49 @@ def test_stages_without_a_real_family_get_no_row_and_an_init_chain_finds_its_pip
 def test_snapshots_follow_the_trainer_and_callbacks(tiny_pipeline, flux1_pipeline_dir: Path) -> None:
     model = {"family": "flux1", "pretrained": str(flux1_pipeline_dir), "options": OPTIONS["flux1"]}
 
-    def names(trainer: str, train: dict[str, Any], ema: bool) -> list[str]:
+    def names(trainer: str, train: dict[str, Any], ema: bool) -> set[str]:
         rewards = [] if trainer == "sft" else [{"name": "jpeg_compressibility"}]
         config = _config(tiny_pipeline, model, trainer=trainer, train=train, rewards=rewards)
         config["stages"]["sft"]["callbacks"] = {"ema": {"decay": 0.9}} if ema else {}
-        return snapshot_names(validate_pipeline(config).stages["sft"])
+        return set(stage_snapshots(validate_pipeline(config).stages["sft"]))
 
-    assert names("sft", {"max_steps": 1}, ema=True) == ["ema"]
-    assert names("grpo", {"iterations": 1, "kl_beta": 0.04}, ema=False) == ["ref"]
-    assert names("grpo", {"iterations": 1}, ema=False) == []
-    assert names("nft", {"iterations": 1, "kl_beta": 0.0}, ema=True) == ["ema", "old"]
-    assert names("awm", {"iterations": 1, "kl_beta": 0.001, "ema_kl_beta": 0.1}, ema=False) == ["ref", "anchor"]
+    assert names("sft", {"max_steps": 1}, ema=True) == {"ema"}
+    assert names("grpo", {"iterations": 1, "kl_beta": 0.04}, ema=False) == {"ref"}
+    assert names("grpo", {"iterations": 1}, ema=False) == set()
+    assert names("nft", {"iterations": 1, "kl_beta": 0.0}, ema=True) == {"ema", "old"}
+    assert names("awm", {"iterations": 1, "kl_beta": 0.001, "ema_kl_beta": 0.1}, ema=False) == {"ref", "anchor"}
+
+
+PLUGIN = """
+from flowpost.core.snapshots import Snapshot
+from flowpost.core.trainers.offline.sft import SFTTrainer
+
+
+class AnchoredSFT(SFTTrainer):
+    captured_snapshots = {**SFTTrainer.captured_snapshots, Snapshot.ANCHOR: None}
+"""
+
+
+def test_a_plugin_trainers_declared_snapshot_is_counted(
+    tiny_pipeline, flux1_pipeline_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "anchored_sft.py").write_text(PLUGIN)
+    model = {"family": "flux1", "pretrained": str(flux1_pipeline_dir), "options": OPTIONS["flux1"]}
+    config = _config(tiny_pipeline, model)
+    config["stages"]["plugin"] = {**config["stages"]["sft"], "trainer": "anchored_sft:AnchoredSFT"}
+    with on_path(tmp_path, monkeypatch):
+        sft, plugin = stage_memory(validate_pipeline(config))
+    assert plugin.footprint == sft.footprint and sft.estimate is not None and plugin.estimate is not None
+    one = sft.footprint.trainable * SNAPSHOT_ITEMSIZE
+    assert sft.estimate.snapshots == one  # the EMA callback's
+    assert plugin.estimate.snapshots - sft.estimate.snapshots == one
+    assert plugin.estimate.total - sft.estimate.total == one
+
+
+def test_the_preflight_names_no_trainer() -> None:
+    source = Path(preflight.__file__).read_text()
+    assert [name for name in TRAINERS if f'"{name}"' in source] == []
+    assert [name for name in Snapshot if f'"{name}"' in source] == []
 
 
 def _shape_pipeline(tmp_path: Path, lora: dict | None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def _files(root: Path) -> dict[str, bytes]:
     "command",
     [
         ["run", "--smoke"],
-        ["stage", "acquire.digits", "--smoke"],
+        ["run-node", "acquire.digits", "--smoke"],
         ["check-consistency", "--stage", "grpo"],
         ["plan"],
         ["serve"],
@@ -73,7 +73,9 @@ def test_a_write_that_fails_part_way_names_the_file_and_the_node_runs_again_once
     run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
     folder = run.path(node)
     with file_size_limit(LIMIT):
-        outcome = flowpost_main("stage", node, "--refresh", "--pipeline", str(pipeline), "--workspace", str(workspace))
+        outcome = flowpost_main(
+            "run-node", node, "--refresh", "--pipeline", str(pipeline), "--workspace", str(workspace)
+        )
     assert outcome.code == 1, outcome
     assert outcome.stderr == (
         f"error: {folder / failing}: writing or reading it failed (File too large); check the path, free space on "
@@ -82,6 +84,28 @@ def test_a_write_that_fails_part_way_names_the_file_and_the_node_runs_again_once
     assert not (folder / COMPLETE).exists() and not list(folder.rglob(".*.tmp"))
     again = run.execute(node)
     assert again.status == "ran" and run.is_complete(node) and run.damage(node) is None
+
+
+def test_final_weights_that_cannot_be_written_name_the_folder_and_the_stage_finishes_once_they_can(
+    tmp_path: Path, completed_workspace, tiny_pipeline
+) -> None:
+    workspace, pipeline = tmp_path / "ws", tmp_path / "tiny.yaml"
+    shutil.copytree(completed_workspace[0], workspace)
+    pipeline.write_text(yaml.safe_dump(tiny_pipeline()))
+    run = PipelineRun(validate_pipeline(tiny_pipeline()), workspace)
+    folder = run.path("train.sft")
+    shutil.rmtree(folder / "final")
+    (folder / COMPLETE).unlink()  # the last checkpoint is the last step: the stage only writes its final weights
+    with file_size_limit(LIMIT):
+        outcome = flowpost_main("run-node", "train.sft", "--pipeline", str(pipeline), "--workspace", str(workspace))
+    assert outcome.code == 1, outcome
+    assert "Traceback" not in outcome.stdout + outcome.stderr, outcome
+    assert outcome.stderr.splitlines()[-1].startswith(
+        f"error: {folder / 'final' / 'live'}: writing the final weights failed (File too large); check the path"
+    ), outcome.stderr
+    assert not (folder / COMPLETE).exists() and not (folder / "final" / "live").exists()
+    again = run.execute("train.sft")
+    assert again.status == "ran" and run.damage("train.sft") is None
 
 
 def test_publishing_the_report_into_a_workspace_that_cannot_take_it_names_the_file(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from pretrained_stage import TINY_ROLLOUTS, shrunk_example
+from pretrained_stage import TINY_ROLLOUTS, shrunk_example, with_model
 from tiny_sd3_pipeline import T5_LENGTH
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH, load_wan2_adapter
 
@@ -42,11 +42,9 @@ def test_the_cache_holds_wan2s_token_states_and_masks(wan2_pipeline_dir: Path, t
 
 
 def _stage(tiny_pipeline, folder: Path, options: dict[str, Any]) -> Any:
-    config = tiny_pipeline()
-    config["conditions"]["wan2"] = {"model": {"family": "wan2", "pretrained": str(folder)}, "datasets": ["digits"]}
-    config["stages"]["sft"]["model"] = {"family": "wan2", "pretrained": str(folder), "options": options}
-    config["stages"]["sft"]["data"]["conditions"] = "wan2"
-    return validate_pipeline(config).stages["sft"]
+    return validate_pipeline(
+        with_model(tiny_pipeline, {"family": "wan2", "pretrained": str(folder), "options": options})
+    ).stages["sft"]
 
 
 def _build(stage: Any, tmp_path: Path) -> Any:

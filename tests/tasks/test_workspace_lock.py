@@ -53,7 +53,7 @@ def test_a_second_run_or_stage_on_a_busy_workspace_is_refused_and_touches_nothin
     with _holder(tmp_path) as holder:
         before = _snapshot(tmp_path)
         busy = f"{tmp_path}: in use by `flowpost run` (pid {holder.pid} on host {socket.gethostname()}, started "
-        for command in (["run", "--smoke", "--refresh"], ["stage", "train.sft", "--smoke", "--refresh"]):
+        for command in (["run", "--smoke", "--refresh"], ["run-node", "train.sft", "--smoke", "--refresh"]):
             result = CliRunner().invoke(app, [*command, "-w", str(tmp_path)])
             assert result.exit_code == 1 and isinstance(result.exception, FlowpostError), result.output
             assert str(result.exception).startswith(busy), str(result.exception)
@@ -66,9 +66,9 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path: Path, sig: signal.Signals, 
     with _holder(tmp_path) as holder:
         holder.send_signal(sig)
         holder.wait(timeout=30)
-    with workspace_lock(tmp_path, "flowpost stage acquire.digits"):
+    with workspace_lock(tmp_path, "flowpost run-node acquire.digits"):
         record = json.loads((tmp_path / LOCK_FILE).read_text())
-        assert record["command"] == "flowpost stage acquire.digits" and record["host"] == socket.gethostname()
+        assert record["command"] == "flowpost run-node acquire.digits" and record["host"] == socket.gethostname()
     if sig is signal.SIGKILL:  # the others release it on the way out; a killed holder still names itself
         assert f"pid {holder.pid}" in caplog.text and "which has ended" in caplog.text
 
@@ -86,5 +86,5 @@ def test_only_machine_zero_of_a_multi_machine_stage_takes_it(tmp_path: Path, mon
     with _holder(tmp_path):  # machine 0
         monkeypatch.setenv("FLOWPOST_NUM_MACHINES", "2")
         monkeypatch.setenv("FLOWPOST_MACHINE_RANK", "1")
-        with workspace_lock(tmp_path, "flowpost stage train.sft"):
+        with workspace_lock(tmp_path, "flowpost run-node train.sft"):
             assert json.loads((tmp_path / LOCK_FILE).read_text())["command"] == "flowpost run"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from flowpost.core.callbacks.base import Callback, TrainerView
+from flowpost.core.snapshots import Snapshot
 
-EMA_SNAPSHOT = "ema"
 EMASchedule = Literal["warmup", "constant", "power", "linear"]
 
 
@@ -29,7 +29,7 @@ def ema_decay(
 
 
 class EMACallback(Callback):
-    """Maintains ``snapshots['ema']`` after every optimizer step.
+    """Maintains the ``ema`` snapshot (``Snapshot.EMA``) after every optimizer step.
 
     The snapshot is keyed by the adapter's own network (``adapter.module()``), never by a
     distributed wrapper around it, so its names match what ``use_snapshot`` swaps into.
@@ -44,12 +44,12 @@ class EMACallback(Callback):
         self.power = power
 
     def on_train_start(self, trainer: TrainerView) -> None:
-        if EMA_SNAPSHOT not in trainer.adapter.snapshots:
-            trainer.adapter.snapshots.capture(EMA_SNAPSHOT, trainer.adapter.module())
+        if Snapshot.EMA not in trainer.adapter.snapshots:
+            trainer.adapter.snapshots.capture(Snapshot.EMA, trainer.adapter.module())
 
     def on_step_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None:
         decay = ema_decay(
             self.decay, trainer.progress.optimizer_step, self.schedule, warmup_steps=self.warmup_steps, power=self.power
         )
-        trainer.adapter.snapshots.ema_update(EMA_SNAPSHOT, trainer.adapter.module(), decay)
+        trainer.adapter.snapshots.ema_update(Snapshot.EMA, trainer.adapter.module(), decay)
         metrics["ema_decay"] = decay

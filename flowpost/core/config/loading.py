@@ -11,20 +11,26 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
-from flowpost.core.config.schema import (
-    IMAGE_SOURCES,
-    TRAJECTORIES,
+from flowpost.core.config.export_formats import export_format_problems
+from flowpost.core.config.schema.captioned import CaptionedDataset
+from flowpost.core.config.schema.datasets import (
     DatasetConfig,
-    ModelConfig,
-    PipelineConfig,
-    RewardConfig,
-    SamplingConfig,
-    StageConfig,
+    DigitsDataset,
+    PromptFilesDataset,
+    SampledPairsDataset,
+    TrajectoriesDataset,
 )
+from flowpost.core.config.schema.models import ModelConfig
+from flowpost.core.config.schema.pipeline import PipelineConfig
+from flowpost.core.config.schema.rewards import RewardConfig
+from flowpost.core.config.schema.sampled import TRAJECTORIES
+from flowpost.core.config.schema.stages import StageConfig
 from flowpost.core.contracts import Acquisition, ExecutionContract, Feedback, Paradigm
 from flowpost.core.lazy import unknown_name
 from flowpost.core.logging import get_logger
+from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.trainers.arguments import TrainerArguments
+from flowpost.core.trainers.optimizer_settings import AdamWSettings
 from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
@@ -158,8 +164,10 @@ def validate_pipeline(
         problems += _stage_channel_problems(name, stage, arguments.execution_contract, pipeline)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
-    problems = _cache_model_problems(pipeline) + _latent_channel_problems(pipeline)
+    problems = _cache_model_problems(pipeline) + _latent_channel_problems(pipeline) + export_format_problems(pipeline)
     if problems := problems + _metric_problems(pipeline) + _curve_problems(pipeline):
+        raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
+    if problems := _gate_problems(pipeline):
         raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)
     found = pipeline_warnings(pipeline)
     if warnings is not None:
@@ -173,10 +181,10 @@ def validate_pipeline(
 def _stage_model_problems(name: str, stage: StageConfig) -> list[str]:
     """The stage's ``model.options`` and local ``model.pretrained`` folder, against its family."""
     from flowpost.core.models.folder_checks import model_problems
-    from flowpost.core.models.registry import FAMILIES
+    from flowpost.core.models.registry import FAMILY_REGISTRY
 
     model = stage.model
-    if model.family not in FAMILIES:  # _stage_problems names it
+    if FAMILY_REGISTRY.problem(model.family, where=f"stages.{name}.model.family"):  # _stage_problems names it
         return []
     where = f"stages.{name}.model"
     return model_problems(where, model.family, model.pretrained, options=model.options, components=model.components)
@@ -203,7 +211,6 @@ def _cache_model_problems(pipeline: PipelineConfig) -> list[str]:
     return problems
 
 
-GRAYSCALE_SOURCES = ("builtin-digits",)  # datasets of single-channel images, with no preprocess.mode
 MODES = {1: "grayscale", 3: "rgb"}  # preprocess.mode by the channels it makes
 
 
@@ -259,18 +266,17 @@ def _channel_problems(
     dataset = pipeline.datasets.get(dataset_name)
     if dataset is None or codec is None:
         return []
-    if dataset.source in GRAYSCALE_SOURCES:
-        if not codec.pixel_space:  # the digits stand in for data in the VAE families' configuration checks
-            return []
+    digits = isinstance(dataset, DigitsDataset)  # single-channel images, with no preprocess.mode
+    if digits:
         channels = 1
-    elif dataset.source in IMAGE_SOURCES:
+    elif isinstance(dataset, CaptionedDataset):
         channels = 1 if dataset.preprocess.mode == "grayscale" else 3
     else:
         return []
     wanted, what, _ = codec
     if channels == wanted:
         return []
-    mode, digits = MODES.get(wanted), dataset.source in GRAYSCALE_SOURCES
+    mode = MODES.get(wanted)
     if mode is None:
         remedy = f"no preprocess.mode makes {wanted} channels; train with a model whose codec takes 1 or 3"
     elif digits:
@@ -295,7 +301,7 @@ def pipeline_warnings(pipeline: PipelineConfig) -> list[str]:
         warnings += _reward_weight_warnings(f"stages.{name}.rewards", stage.rewards, f"stage {name!r} cannot learn")
         warnings += _lora_rank_warnings(pipeline, name)
     for key, dataset in pipeline.datasets.items():
-        if dataset.sample is not None:
+        if isinstance(dataset, SampledPairsDataset):
             where, outcome = f"datasets.{key}.sample.rewards", "every pair is a tie"
             warnings += _reward_weight_warnings(where, dataset.sample.rewards, outcome)
     return warnings
@@ -358,20 +364,48 @@ def _lora_rank_warnings(pipeline: PipelineConfig, name: str) -> list[str]:
 
 
 def _metric_problems(pipeline: PipelineConfig) -> list[str]:
-    """Metric names no registry knows, and digit-classifier metrics without a digits dataset."""
-    from flowpost.core.evaluation.registry import ASSETS, metric_names, metric_parameters
+    """Metric names no registry knows, plugins that cannot be loaded or lack a key, and digit-classifier metrics
+    without a digits dataset."""
+    from flowpost.core.evaluation.registry import ASSETS, metric_parameters, metric_problem
+    from flowpost.core.plugins import is_path
 
-    evaluate, known = pipeline.evaluate, metric_names()
-    digits = evaluate.dataset is not None and pipeline.datasets[evaluate.dataset].source == "builtin-digits"
+    evaluate = pipeline.evaluate
+    digits = evaluate.dataset is not None and isinstance(pipeline.datasets[evaluate.dataset], DigitsDataset)
     problems = []
     for i, metric in enumerate(evaluate.metrics or []):
         where = f"evaluate.metrics.{i}"
-        if metric.name not in known:
-            problems.append(f"{where}: " + unknown_name("metric", metric.name, known))
+        if problem := metric_problem(metric.name, where=where):
+            problems.append(problem)
+        elif is_path(metric.name) and metric.key is None:
+            problems.append(
+                f"{where}.key: metric {metric.name!r} is a class path, which cannot be its name in metrics.json; "
+                "give it a key (e.g. key: sharpness)"
+            )
         elif not digits and ASSETS not in metric.options and ASSETS in metric_parameters(metric.name, where=where):
             problems.append(
                 f"{where}: {metric.name!r} reads the digit classifiers of a builtin-digits dataset, and "
                 f"evaluate.dataset {evaluate.dataset!r} is not one; evaluate on the digits or pick another metric"
+            )
+    return problems
+
+
+def _gate_problems(pipeline: PipelineConfig) -> list[str]:
+    """Fills in the direction of each metric the promotion gate gives none: the metric's own. A metric that
+    declares none needs one in the gate."""
+    from flowpost.core.evaluation.registry import metric_direction
+
+    gate = pipeline.export.promote if pipeline.export is not None else None
+    if gate is None:
+        return []
+    evaluated = {metric.result_key: (i, metric.name) for i, metric in enumerate(pipeline.evaluate.metrics or [])}
+    problems = []
+    for key in [key for key, better in gate.metrics.items() if better is None]:
+        position, metric = evaluated[key]
+        gate.metrics[key] = metric_direction(metric, where=f"evaluate.metrics.{position}")
+        if gate.metrics[key] is None:
+            problems.append(
+                f"export.promote.metrics.{key}: {metric!r} declares no direction; give it, e.g. "
+                f"export.promote.metrics: {{{key}: higher}} (or lower)"
             )
     return problems
 
@@ -418,7 +452,7 @@ def _guard_problems(
 ) -> list[str]:
     """A guard's metrics no registry knows, a digits metric off the digits, no cadence, no held-out prompts,
     or a judge that is the stage's own reward."""
-    from flowpost.core.evaluation.registry import ASSETS, metric_names, metric_parameters
+    from flowpost.core.evaluation.registry import ASSETS, metric_direction, metric_parameters, metric_problem
 
     guard, where = stage.guard, f"stages.{name}.guard"
     if guard is None:
@@ -426,18 +460,21 @@ def _guard_problems(
     problems = []
     dataset_name = stage.data.dataset if stage.data is not None else None
     dataset = datasets.get(dataset_name) if dataset_name is not None else None
-    digits = dataset is not None and dataset.source == "builtin-digits"
+    digits = isinstance(dataset, DigitsDataset)
     named = [(f"{where}.metric", guard.metric.name, guard.metric.options)] if guard.metric is not None else []
     named += [(f"{where}.bounds.{key}", key, band.options) for key, band in guard.bounds.items()]
-    known = metric_names()
     for path, metric, options in named:
-        if metric not in known:
-            problems.append(f"{path}: " + unknown_name("metric", metric, known))
+        if problem := metric_problem(metric, where=path):
+            problems.append(problem)
         elif not digits and ASSETS not in options and ASSETS in metric_parameters(metric, where=path):
             problems.append(f"{path}: {metric!r} reads the digit classifiers; guard a builtin-digits stage")
+        elif path == f"{where}.metric" and guard.better is None:
+            guard.better = metric_direction(metric, where=path)
+            if guard.better is None:
+                problems.append(f"{where}.better: {metric!r} declares no direction; give better: higher or lower")
     if guard.every is None and not arguments.checkpoint_every:
         problems.append(f"{where}.every: set it, or train.checkpoint_every, to say when the guard checks")
-    held_out = digits or (dataset is not None and dataset.source in IMAGE_SOURCES and dataset.split.eval > 0)
+    held_out = digits or (isinstance(dataset, CaptionedDataset) and dataset.split.eval > 0)
     if dataset is not None and not held_out:
         problems.append(
             f"{where}: the guard samples the held-out prompts of {dataset_name!r}, which holds none; "
@@ -472,22 +509,19 @@ def _stage_problems(
     name: str, stage: StageConfig, contract: ExecutionContract, datasets: dict[str, DatasetConfig]
 ) -> list[str]:
     """What a stage lacks for its trainer's contract, or names that no registry knows."""
-    from flowpost.core.models.registry import FAMILIES
-    from flowpost.core.rewards.registry import REWARDS
+    from flowpost.core.models.registry import FAMILY_REGISTRY
+    from flowpost.core.rewards.registry import REWARD_REGISTRY
 
     problems = []
-    if stage.model.family not in FAMILIES:
-        problems.append(
-            f"stages.{name}.model.family: "
-            + unknown_name("model family", stage.model.family, FAMILIES, plural="model families")
-        )
+    if problem := FAMILY_REGISTRY.problem(stage.model.family, where=f"stages.{name}.model.family"):
+        problems.append(problem)
     if stage.data is None:
         problems.append(f"stages.{name}.data: trainer {stage.trainer!r} needs {{dataset, conditions}}")
     if stage.data is not None and contract.acquisition is Acquisition.DATASET:
         if stage.data.prompts:
             problems.append(f"stages.{name}.data.prompts: trainer {stage.trainer!r} reads a dataset, not prompts")
         dataset = datasets.get(stage.data.dataset)
-        if dataset is not None and dataset.source == "prompt-files":
+        if isinstance(dataset, PromptFilesDataset):
             problems.append(
                 f"stages.{name}.data.dataset: trainer {stage.trainer!r} trains on images, and "
                 f"{stage.data.dataset!r} holds prompts only"
@@ -497,8 +531,8 @@ def _stage_problems(
     if contract.feedback is Feedback.NONE and stage.rewards:
         problems.append(f"stages.{name}.rewards: trainer {stage.trainer!r} uses no reward; remove the section")
     for i, reward in enumerate(stage.rewards):
-        if reward.name not in REWARDS:
-            problems.append(f"stages.{name}.rewards.{i}.name: " + unknown_name("reward", reward.name, REWARDS))
+        if problem := REWARD_REGISTRY.problem(reward.name, where=f"stages.{name}.rewards.{i}.name"):
+            problems.append(problem)
     processes = stage.launch.num_processes
     for key in ("batch_size", "rollout_batch_size", "train_batch_size"):
         size = stage.train.get(key)
@@ -523,8 +557,8 @@ def _distillation_problems(
     dataset = datasets.get(stage.data.dataset) if stage.data is not None else None
     if dataset is None or arguments.execution_contract.acquisition is not Acquisition.DATASET:
         return problems
-    reads = getattr(arguments, "reads_trajectories", False)
-    if reads != (dataset.source == TRAJECTORIES):
+    reads = arguments.reads_trajectories
+    if reads != isinstance(dataset, TrajectoriesDataset):
         problems.append(
             f"stages.{name}.data.dataset: trainer {stage.trainer!r} trains on a {TRAJECTORIES!r} dataset"
             if reads
@@ -554,14 +588,14 @@ def _sampling_problems(name: str, stage: StageConfig, paradigm: Paradigm) -> lis
     ]
 
 
-ROLE_OPTIMIZER_FIELDS = ("lr", "adam_betas", "weight_decay", "warmup_steps")  # optimizers.<role> holds them
+ROLE_OPTIMIZER_FIELDS = tuple(AdamWSettings.model_fields)  # optimizers.<role> holds them
 
 
 def _role_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -> list[str]:
     """``optimizers:`` names each trainable role of the trainer once, never a frozen snapshot, and
     holds what ``train:``'s optimizer fields would; Muon runs only where whole matrices live on every
     rank; ZeRO-2 steps one optimizer."""
-    from flowpost.core.roles import SNAPSHOT_NAMES
+    from flowpost.core.snapshots import SNAPSHOT_NAMES
     from flowpost.core.trainers.optimizers import MUON_BACKENDS
     from flowpost.core.trainers.registry import trainer_class
 
@@ -624,7 +658,7 @@ def pipeline_to_dict(pipeline: PipelineConfig) -> dict[str, Any]:
 def _format_errors(exc: ValidationError, *, prefix: str) -> str:
     lines = []
     for error in exc.errors():
-        path = prefix + ".".join(str(part) for part in error["loc"])
+        path = (prefix + ".".join(str(part) for part in error["loc"])).rstrip(".")
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key; remove it or check its spelling"

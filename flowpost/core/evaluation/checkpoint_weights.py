@@ -7,6 +7,7 @@ from pathlib import Path
 from flowpost.core.checkpoint import load_checkpoint
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.progress import TrainingProgress
+from flowpost.core.snapshots import Snapshot
 from flowpost.errors import FlowpostError
 
 
@@ -24,12 +25,12 @@ def load_checkpoint_weights(adapter: ModelAdapter, path: Path, *, weights: str) 
         )
     tensors = dict(state.model)
     if weights == "ema":
-        if "ema" not in state.snapshots:
+        if Snapshot.EMA not in state.snapshots:
             raise FlowpostError(
                 f"checkpoint {path} holds no ema snapshot although the final weights do; retrain the stage from "
                 "the start (--no-resume)",
                 where=str(path),
             )
-        tensors |= state.snapshots["ema"]
+        tensors |= state.snapshots[Snapshot.EMA]
     network.load_state_dict(tensors)
     return TrainingProgress.from_dict(state.trainer["progress"])

@@ -31,6 +31,7 @@ class DigitJudgeAdherence:
     """Fraction of samples whose judge class is the prompted digit."""
 
     name = "adherence"
+    better = "higher"
 
     def __init__(self, assets_dir: str | Path) -> None:
         self.judge = load_classifier(Path(assets_dir), JUDGE_CLASSIFIER.name)
@@ -45,6 +46,7 @@ class DigitJudgeFrechet:
     """Fréchet distance between the judge's penultimate features of the samples and of the real digits."""
 
     name = "fd"
+    better = "lower"
 
     def __init__(self, assets_dir: str | Path) -> None:
         self.judge = load_classifier(Path(assets_dir), JUDGE_CLASSIFIER.name)

@@ -13,6 +13,7 @@ class FeatureFrechet:
     """FD of ``kind`` features of ``model`` (a folder or hub id) between samples and real images."""
 
     kind: FeatureKind
+    better = "lower"
 
     def __init__(self, model: str, *, device: str | None = None, batch_size: int = 64) -> None:
         self.name = f"fd_{self.kind}"

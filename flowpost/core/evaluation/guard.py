@@ -15,6 +15,7 @@ from flowpost.core.conditions import ConditionBatch
 from flowpost.core.evaluation.plan import EvalPlan, generate
 from flowpost.core.evaluation.samples import EvalSamples, Metric
 from flowpost.core.models.base import ModelAdapter
+from flowpost.core.snapshots import Snapshot
 from flowpost.errors import FlowpostError
 
 GUARD_FILE = "guard.json"  # beside a stage's final weights: the guard's record
@@ -135,8 +136,8 @@ class StageGuard:
     def measure(self, adapter: ModelAdapter) -> dict[str, float]:
         """Each guarded metric on the held-out samples of the checked weights."""
         held_out, rows = self.held_out, self.plan.rows()
-        snapshot = self.weights == "ema" and "ema" in adapter.snapshots.names()
-        with adapter.use_snapshot("ema") if snapshot else contextlib.nullcontext():
+        snapshot = self.weights == "ema" and Snapshot.EMA in adapter.snapshots
+        with adapter.use_snapshot(Snapshot.EMA) if snapshot else contextlib.nullcontext():
             images = generate(adapter, self.plan, held_out.conditions, held_out.negative)
         samples = EvalSamples(
             images=images,

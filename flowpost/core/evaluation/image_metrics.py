@@ -61,6 +61,7 @@ class DuplicateRate:
     """Fraction of samples within ``threshold`` mean absolute difference of an earlier sample of their prompt."""
 
     name = "duplicate_rate"
+    better = "lower"
 
     def __init__(self, threshold: float = 0.01) -> None:
         self.threshold = _fraction(threshold, "threshold")

@@ -1,4 +1,5 @@
-"""Static registry of evaluation metrics (lazy imports); every reward scorer is a metric too."""
+"""The evaluation metrics: the built-ins (a static dict imported lazily) and plugins; every reward scorer is a
+metric too (the mean of its scores)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flowpost.core.lazy import construct, import_registered
-from flowpost.core.rewards.registry import REWARDS, build_reward, reward_parameters
+from flowpost.core.lazy import import_object
+from flowpost.core.plugins import Entry, Registry, is_path
+from flowpost.core.rewards.registry import REWARD_REGISTRY
 from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
-    from flowpost.core.evaluation.samples import Metric
+    from flowpost.core.evaluation.samples import Better, Metric
 
 METRICS: dict[str, str] = {
     "adherence": "flowpost.core.evaluation.digit_judge:DigitJudgeAdherence",
@@ -24,25 +26,72 @@ METRICS: dict[str, str] = {
     "high_frequency": "flowpost.core.evaluation.image_metrics:HighFrequencyEnergy",
     "saturation": "flowpost.core.evaluation.image_metrics:Saturation",
 }
+METRIC_REGISTRY = Registry(
+    "metric",
+    plural="metrics",
+    group="flowpost.metrics",
+    builtins=METRICS,
+    base="flowpost.core.evaluation.samples:Metric",
+)
 ASSETS = "assets_dir"  # the option a digits-classifier metric or reward gets from the evaluation dataset
 
 
-def metric_names() -> list[str]:
-    """Every name ``evaluate.metrics`` accepts: the metrics and the reward scorers."""
-    return sorted({*METRICS, *REWARDS})
+def metric_entries(*, where: str) -> dict[str, Entry]:
+    """Every name ``evaluate.metrics`` accepts, sorted: the metrics and the reward scorers. A plugin metric
+    named like a reward is an error naming ``where``."""
+    metrics, rewards = METRIC_REGISTRY.entries(where=where), REWARD_REGISTRY.entries(where=where)
+    if both := sorted(set(metrics) & set(rewards)):
+        raise FlowpostError(
+            f"{both[0]!r} names a metric ({metrics[both[0]].target}) and a reward ({rewards[both[0]].target}); "
+            "rename the plugin's entry point",
+            where=where,
+        )
+    return dict(sorted({**metrics, **rewards}.items()))
+
+
+def _registry(name: str, where: str) -> Registry:
+    """The registry whose class ``name`` scores with: the rewards' (a reward's class, or one written as a path
+    that implements a reward) or the metrics'."""
+    if is_path(name):
+        cls = import_object(name, what=f"metric {name!r}", where=where)
+        return REWARD_REGISTRY if REWARD_REGISTRY.mismatch(cls) is None else METRIC_REGISTRY
+    entries = metric_entries(where=where)
+    if name not in entries:
+        raise FlowpostError(METRIC_REGISTRY.unknown(name, entries), where=where)
+    return REWARD_REGISTRY if name in REWARD_REGISTRY.entries(where=where) else METRIC_REGISTRY
+
+
+def metric_problem(name: str, *, where: str) -> str | None:
+    """Why ``name`` cannot be scored as a metric (``where: message``), or None (see ``Registry.problem``)."""
+    try:
+        registry = _registry(name, where)
+    except FlowpostError as exc:
+        return str(exc)
+    return registry.problem(name, where=where)
 
 
 def metric_parameters(name: str, *, where: str) -> list[str]:
-    """Names of the options the metric (or reward) registered as ``name`` accepts."""
-    if name in REWARDS:
-        return reward_parameters(name, where=where)
-    cls = import_registered({**METRICS, **REWARDS}, name, kind="metric", where=where)
-    return list(inspect.signature(cls).parameters)
+    """Names of the options the metric (or reward) ``name`` accepts."""
+    return list(inspect.signature(_registry(name, where).load(name, where=where)).parameters)
+
+
+def metric_direction(name: str, *, where: str) -> Better | None:
+    """Which direction of the metric (or reward) ``name`` is better: ``higher`` for a reward (what training
+    raises), else its class's ``better``; None when it declares none."""
+    registry = _registry(name, where)
+    if registry is REWARD_REGISTRY:
+        return "higher"
+    better = getattr(registry.load(name, where=where), "better", None)
+    if better not in (None, "higher", "lower"):
+        raise FlowpostError(
+            f"metric {name!r} declares better = {better!r}; it must be 'higher' or 'lower'", where=where
+        )
+    return better
 
 
 def build_metric(name: str, *, options: dict[str, Any], where: str, assets_dir: Path | None) -> Metric:
-    """The metric registered as ``name`` (a reward becomes the mean of its scores), constructed with
-    ``options``; one that reads the digit classifiers gets ``assets_dir`` unless its options name one."""
+    """The metric ``name`` stands for (a reward becomes the mean of its scores), constructed with ``options``;
+    one that reads the digit classifiers gets ``assets_dir`` unless its options name one."""
     from flowpost.core.evaluation.reward_metric import RewardMetric
 
     options = dict(options)
@@ -54,7 +103,7 @@ def build_metric(name: str, *, options: dict[str, Any], where: str, assets_dir: 
                 where=where,
             )
         options[ASSETS] = assets_dir
-    if name in REWARDS:
-        return RewardMetric(build_reward(name, options=options, where=where))
-    cls = import_registered(METRICS, name, kind="metric", where=where)
-    return construct(cls, kind="metric", name=name, options=options, where=where)
+    registry = _registry(name, where)
+    if registry is REWARD_REGISTRY:
+        return RewardMetric(registry.build(name, options=options, where=where))
+    return registry.build(name, options=options, where=where)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from torch import Tensor
+
+Better = Literal["higher", "lower"]  # the direction in which a metric's value is better
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class EvalSamples:
 
 
 class Metric(Protocol):
-    """Scores a set of samples with one number."""
+    """Scores a set of samples with one number. A class may declare ``better`` (:data:`Better`): the direction
+    gates and guards take for it when their config leaves it out."""
 
     name: str
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from flowpost.core.io import read_json_object
-from flowpost.core.lazy import unknown_name
 from flowpost.core.models.pretrained import COMPONENT_LIBRARIES, CONFIG_FILES, PretrainedSource, is_hub_id
 from flowpost.errors import FlowpostError
 
@@ -41,11 +40,11 @@ def model_problems(
     ``model_index.json`` lists matter.
     """
     from flowpost.core.models.pipeline_family import PipelineFamily
-    from flowpost.core.models.registry import FAMILIES, adapter_class
+    from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
 
-    if family not in FAMILIES:
-        return [f"{where}.family: " + unknown_name("model family", family, FAMILIES, plural="model families")]
-    cls = adapter_class(family)
+    if problem := FAMILY_REGISTRY.problem(family, where=f"{where}.family"):
+        return [problem]
+    cls = adapter_class(family, where=f"{where}.family")
     if pretrained is None:
         return []
     if not issubclass(cls, PipelineFamily):
@@ -228,9 +227,10 @@ def _class_problem(cls: Any, folder: Path, index: dict[str, Any], listed: dict[s
 
 def _pipeline_families() -> dict[str, Any]:
     from flowpost.core.models.pipeline_family import PipelineFamily
-    from flowpost.core.models.registry import FAMILIES, adapter_class
+    from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
 
-    classes = {name: adapter_class(name) for name in FAMILIES}
+    names = FAMILY_REGISTRY.entries(where="model.family")
+    classes = {name: adapter_class(name) for name in names if not FAMILY_REGISTRY.problem(name, where="model.family")}
     return {name: cls for name, cls in classes.items() if issubclass(cls, PipelineFamily)}
 
 
@@ -300,9 +300,9 @@ def codec_channels(
     ``vae/config.json`` (None for a hub id or an unreadable config); a pixel-space family's transformer
     ``in_channels`` (``transformer``: its config overrides)."""
     from flowpost.core.models.pipeline_family import PipelineFamily
-    from flowpost.core.models.registry import FAMILIES, adapter_class
+    from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
 
-    if family not in FAMILIES:
+    if FAMILY_REGISTRY.problem(family, where="model.family"):
         return None
     cls = adapter_class(family)
     if not issubclass(cls, PipelineFamily):
@@ -334,9 +334,9 @@ def smallest_lora_layer(
     import torch
 
     from flowpost.core.models.pipeline_family import PipelineFamily
-    from flowpost.core.models.registry import FAMILIES, adapter_class
+    from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
 
-    if family not in FAMILIES:
+    if FAMILY_REGISTRY.problem(family, where="model.family"):
         return None
     cls = adapter_class(family)
     try:

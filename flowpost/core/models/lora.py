@@ -7,6 +7,7 @@ from pathlib import Path
 
 from torch import nn
 
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # the file ``save_lora`` writes (diffusers' name)
 SD3_ATTENTION_TARGETS = (
     "to_q",
     "to_k",
@@ -54,7 +55,7 @@ def without_lora(module: nn.Module) -> nn.Module:
 
 
 def save_lora(module: nn.Module, folder: Path, *, pipeline_class: str = "StableDiffusion3Pipeline") -> None:
-    """The LoRA layers as ``pipeline_class.save_lora_weights`` writes them: ``pytorch_lora_weights.safetensors``
+    """The LoRA layers as ``pipeline_class.save_lora_weights`` writes them: ``LORA_WEIGHTS``
     with ``transformer.`` keys and the PEFT config (rank, alpha, targets) in its metadata, which
     ``load_lora_weights`` and ``load_lora_adapter`` read."""
     import diffusers

@@ -1,12 +1,12 @@
-"""Static registry of model families (lazy imports)."""
+"""The model families: the built-ins (a static dict imported lazily) and plugins."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from flowpost.core.io import read_json
-from flowpost.core.lazy import import_registered
 from flowpost.core.models.base import ADAPTER_FILE, ModelAdapter
+from flowpost.core.plugins import Registry
 
 FAMILIES: dict[str, str] = {
     "flux1": "flowpost.core.models.flux1:Flux1Adapter",
@@ -15,11 +15,18 @@ FAMILIES: dict[str, str] = {
     "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
     "wan2": "flowpost.core.models.wan2:Wan2Adapter",
 }
+FAMILY_REGISTRY = Registry(
+    "model family",
+    plural="model families",
+    group="flowpost.models",
+    builtins=FAMILIES,
+    base="flowpost.core.models.base:ModelAdapter",
+)
 
 
 def adapter_class(family: str, *, where: str = "model.family") -> type[ModelAdapter]:
-    """The adapter class registered for ``family``."""
-    return import_registered(FAMILIES, family, kind="model family", plural="model families", where=where)
+    """The adapter class ``family`` stands for."""
+    return FAMILY_REGISTRY.load(family, where=where)
 
 
 def load_adapter(path: str | Path) -> ModelAdapter:

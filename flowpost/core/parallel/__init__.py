@@ -1,5 +1,6 @@
-"""How ranks hold the model: whole on every rank (``replicated``, DDP arithmetic), ``sharded`` (FSDP2)
-or with gradients and optimizer state partitioned (``zero2``, DeepSpeed ZeRO-2).
+"""How ranks hold the model: whole on every rank (``ddp``), sharded (``fsdp2``) or with gradients and
+optimizer state partitioned (``deepspeed-zero2``, DeepSpeed ZeRO-2). A layout's ``name`` is the
+``launch.backend`` that selects it; checkpoints, trainer state and events record it.
 
 The trainer asks its layout for everything that differs between them: preparing the module and
 optimizer, backward and synchronising gradients, clipping, checking the ranks agree, and moving whole
@@ -79,8 +80,17 @@ class ParallelLayout(Protocol):
         ...
 
 
+RECORDED_NAMES = {"replicated": "ddp", "sharded": "fsdp2", "zero2": "deepspeed-zero2"}  # older checkpoints' names
+
+
+def recorded_layout(name: str) -> str:
+    """The layout a checkpoint recorded as ``name``, under the name it has now (``RECORDED_NAMES``)."""
+    return RECORDED_NAMES.get(name, name)
+
+
 def parallel_layout(backend: str, world_size: int) -> ParallelLayout:
-    """Over several processes: ``Sharded`` (fsdp2), ``ZeroPartitioned`` (deepspeed-zero2); else ``Replicated``."""
+    """Over several processes: ``Sharded`` (fsdp2), ``ZeroPartitioned`` (deepspeed-zero2); else ``Replicated``
+    (ddp, also for one process of any backend)."""
     if world_size > 1 and backend == "fsdp2":
         return Sharded()
     if world_size > 1 and backend == "deepspeed-zero2":

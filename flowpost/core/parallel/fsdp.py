@@ -1,4 +1,4 @@
-"""FSDP2 (``sharded``): each rank holds a shard of every block; backward reduce-scatters the gradients."""
+"""FSDP2 (layout ``fsdp2``): each rank holds a shard of every block; backward reduce-scatters the gradients."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class Sharded(Replicated):
     adapter only to write final folders.
     """
 
-    name = "sharded"
+    name = "fsdp2"
     collective_passes = True
 
     def prepare(self, adapter: ModelAdapter, device: torch.device) -> nn.Module:

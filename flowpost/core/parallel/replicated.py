@@ -1,4 +1,4 @@
-"""Every rank holds the whole model (``replicated``): DDP arithmetic, one flat all-reduce per step."""
+"""Every rank holds the whole model (layout ``ddp``): DDP arithmetic, one flat all-reduce per step."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class SteppedOptimizer:
 class Replicated:
     """Every rank holds the whole model; one flat all-reduce averages the gradients per step."""
 
-    name = "replicated"
+    name = "ddp"
     collective_passes = False  # True: every rank must run every forward and backward
 
     def prepare(self, adapter: ModelAdapter, device: torch.device) -> nn.Module:

@@ -71,7 +71,7 @@ class EngineOptimizer:
 class ZeroPartitioned(Replicated):
     """DeepSpeed ZeRO-2 over the stage's processes (``launch.backend: deepspeed-zero2``)."""
 
-    name = "zero2"
+    name = "deepspeed-zero2"
     collective_passes = True
     engine: Any = None
 

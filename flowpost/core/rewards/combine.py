@@ -40,6 +40,11 @@ class WeightedRewards:
         self.components = [(reward, float(weight)) for reward, weight in components]
         self.where = where
 
+    @property
+    def weights(self) -> dict[str, float]:
+        """Each reward's weight, by name, in the listed order."""
+        return {reward.name: weight for reward, weight in self.components}
+
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
         batch = media.shape[0]
         total = torch.zeros(batch, dtype=torch.float32, device=media.device)

@@ -1,11 +1,11 @@
-"""Static registry of reward scorers (lazy imports)."""
+"""The reward scorers: the built-ins (a static dict imported lazily) and plugins."""
 
 from __future__ import annotations
 
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from flowpost.core.lazy import construct, import_registered
+from flowpost.core.plugins import Registry
 
 if TYPE_CHECKING:
     from flowpost.core.rewards.base import Reward
@@ -14,6 +14,8 @@ REWARDS: dict[str, str] = {
     "aesthetic": "flowpost.core.rewards.aesthetic:AestheticScore",
     "clip_score": "flowpost.core.rewards.clip:ClipScore",
     "digit_adherence": "flowpost.core.rewards.digit_adherence:DigitAdherence",
+    "hpsv2": "flowpost.core.rewards.hps:HpsV2",
+    "imagereward": "flowpost.core.rewards.imagereward:ImageReward",
     "jpeg_compressibility": "flowpost.core.rewards.jpeg:JpegCompressibility",
     "jpeg_incompressibility": "flowpost.core.rewards.jpeg:JpegIncompressibility",
     "mean_brightness": "flowpost.core.rewards.brightness:BrightnessReward",
@@ -21,21 +23,20 @@ REWARDS: dict[str, str] = {
     "pickscore": "flowpost.core.rewards.clip:PickScore",
     "remote": "flowpost.core.rewards.remote:RemoteReward",
 }
-
-
-def _reward_class(name: str, where: str) -> type:
-    return import_registered(REWARDS, name, kind="reward", where=where)
+REWARD_REGISTRY = Registry(
+    "reward", plural="rewards", group="flowpost.rewards", builtins=REWARDS, base="flowpost.core.rewards.base:Reward"
+)
 
 
 def reward_parameters(name: str, *, where: str) -> list[str]:
-    """Names of the options the reward registered as ``name`` accepts."""
-    return list(inspect.signature(_reward_class(name, where)).parameters)
+    """Names of the options the reward ``name`` accepts."""
+    return list(inspect.signature(REWARD_REGISTRY.load(name, where=where)).parameters)
 
 
 def build_reward(name: str, *, options: dict[str, Any], where: str) -> Reward:
-    """Import the reward registered as ``name`` and construct it with ``options``.
+    """Import the reward ``name`` stands for and construct it with ``options``.
 
     ``where`` is the config path of this reward entry, used in error messages; a scorer's error whose
     ``where`` starts with ``options.`` is reported under this entry.
     """
-    return construct(_reward_class(name, where), kind="reward", name=name, options=options, where=where)
+    return REWARD_REGISTRY.build(name, options=options, where=where)

@@ -141,18 +141,19 @@ def sde_step(
       deterministic and its log_prob is 0.
 
     Sigmas are floats or tensors broadcastable to the sample; a 1-D ``[B]`` tensor is per sample.
-    ``0 <= sigma_next < sigma <= 1`` is required. If ``prev_sample`` is given it is scored as a constant
-    (replay); otherwise ``x' = mean + std * noise`` with ``noise`` (standard normal, sample shape) or a
-    fresh draw from ``generator``. ``x'`` is rounded to the sample's dtype before scoring, so replaying
-    the returned ``prev_sample`` reproduces ``log_prob`` exactly. Gradients reach ``model_output`` through
-    ``mean`` and ``log_prob``.
+    ``0 <= sigma_next < sigma <= 1`` is required (checked on host sigmas; device ones are trusted). If
+    ``prev_sample`` is given it is scored as a constant (replay); otherwise ``x' = mean + std * noise`` with
+    ``noise`` (standard normal, sample shape) or a fresh draw from ``generator``. ``x'`` is rounded to the
+    sample's dtype before scoring, so replaying the returned ``prev_sample`` reproduces ``log_prob`` exactly.
+    Gradients reach ``model_output`` through ``mean`` and ``log_prob``.
     """
     _check_dynamics(dynamics)
-    given, given_next = _sigma_pair(sigma, sigma_next)  # checked where they are: a CPU sigma table needs no sync
-    if not bool((given_next < given).all()):
-        raise ValueError("sigma_next must be smaller than sigma")
-    if not (bool((given_next >= 0).all()) and bool((given <= 1).all())):
-        raise ValueError("sigmas must lie in [0, 1]")
+    given, given_next = _sigma_pair(sigma, sigma_next)
+    if given.device.type == "cpu":  # a device copy is not read back (a sync): a replay's were checked when sampled
+        if not bool((given_next < given).all()):
+            raise ValueError("sigma_next must be smaller than sigma")
+        if not (bool((given_next >= 0).all()) and bool((given <= 1).all())):
+            raise ValueError("sigmas must lie in [0, 1]")
     if noise is not None and noise.shape != sample.shape:
         raise ValueError(f"noise shape {tuple(noise.shape)} does not match sample shape {tuple(sample.shape)}")
     sigma_t = _sigma_like(sigma, sample)

@@ -6,30 +6,31 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from flowpost.core.config.base import StrictModel
+from flowpost.core.config.base import OmittingModel
 from flowpost.core.contracts import (
     OFFLINE_EXECUTION_CONTRACT,
     ONLINE_EXECUTION_CONTRACT,
     ExecutionContract,
     Paradigm,
 )
+from flowpost.core.trainers.optimizer_settings import AdamWSettings
 
 
-class TrainerArguments(StrictModel):
-    """Fields every trainer shares. Batch sizes are global (across ranks); budgets are counts.
+class TrainerArguments(AdamWSettings, OmittingModel):
+    """Fields every trainer shares: the optimizer's (``AdamWSettings``) and the cadences. Batch sizes are
+    global (across ranks); budgets are counts. Fields added later are left out of the dump (params,
+    fingerprints) while they hold their default (``OMITTED_AT_DEFAULT``).
 
-    The arguments class declares its trainer's ``execution_contract`` and ``paradigm``; the trainer
-    naming it (``Arguments``) takes both from here.
+    The arguments class declares its trainer's ``execution_contract`` (a dataset, or prompts it generates
+    from; its feedback) and ``paradigm``, which the trainer naming it (``Arguments``) takes from here, and
+    what a dataset it reads holds (``reads_latents``, ``reads_trajectories``).
     """
 
     execution_contract: ClassVar[ExecutionContract]
     paradigm: ClassVar[Paradigm]
     reads_latents: ClassVar[bool] = False  # encodes dataset media, so a latent cache (data.latents) may replace them
+    reads_trajectories: ClassVar[bool] = False  # its dataset is a teacher-trajectories source
 
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
     checkpoint_every: int = Field(0, ge=0, description="budget units between checkpoints; 0: end only")
     keep_last: int | None = Field(None, ge=1, description="checkpoints kept (the newest); null: all")
     log_every: int = Field(10, ge=1, description="budget units between logged events")
@@ -83,8 +84,15 @@ class OnlineArguments(TrainerArguments):
     train_batch_size: int = Field(32, ge=1, description="global samples per training micro-batch")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
+    OMITTED_AT_DEFAULT = ("reward_normalisation",)
+
     advantage_std: Literal["group", "global"] = "group"
     advantage_clip: float = Field(5.0, gt=0)
+    reward_normalisation: Literal["sum", "per_reward"] = Field(
+        "sum",
+        description="sum: advantages of the weighted reward sum; per_reward (GDPO): each reward normalised in its "
+        "group, their weighted sum rescaled by its batch std",
+    )
 
     @property
     def budget(self) -> int:

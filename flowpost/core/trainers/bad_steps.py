@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from flowpost.core.distributed import any_over_ranks
 
 
-def gradients_finite(parameters: list[nn.Parameter]) -> bool:
-    """Whether this rank's gradients hold no NaN or infinity (missing gradients count as finite)."""
+def step_is_finite(loss: Tensor | float | None, parameters: list[nn.Parameter]) -> Tensor:
+    """Whether this rank's ``loss`` and gradients hold no NaN or infinity (missing gradients count as
+    finite), as a bool tensor left on their device: the loop reads it with the step's metrics."""
+    finite = torch.tensor(True) if loss is None else torch.isfinite(torch.as_tensor(loss))
     grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return True
-    norms = torch._foreach_norm(grads)
-    return bool(torch.isfinite(torch.stack(norms).sum()))
+    if grads:
+        gradients = torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
+        if torch.distributed.is_available():
+            from torch.distributed.tensor import DTensor
+
+            if isinstance(gradients, DTensor):  # a sharded layout's: this rank's view (ranks agree after)
+                gradients = gradients.to_local()
+        finite = finite & gradients  # a 0-dim host flag joins the device's
+    return finite
 
 
 class BadSteps:
@@ -27,10 +32,9 @@ class BadSteps:
         self.total = 0
         self.in_a_row = 0
 
-    def is_bad(self, loss: float | None, parameters: list[nn.Parameter], device: torch.device) -> bool:
-        """Whether any rank's ``loss`` or gradients are non-finite; updates the counts."""
-        local = (loss is not None and not math.isfinite(loss)) or not gradients_finite(parameters)
-        bad = any_over_ranks(local, device)
+    def is_bad(self, finite: bool, device: torch.device) -> bool:
+        """Whether the step was not ``finite`` on any rank; updates the counts."""
+        bad = any_over_ranks(not finite, device)
         self.total += bad
         self.in_a_row = self.in_a_row + 1 if bad else 0
         return bad

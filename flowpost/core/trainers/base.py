@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import signal
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,10 +31,12 @@ from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.roles import role_problems
 from flowpost.core.sampling.config import SamplingConfig
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import TrainerArguments
-from flowpost.core.trainers.bad_steps import BadSteps
+from flowpost.core.trainers.bad_steps import BadSteps, step_is_finite
 from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
 from flowpost.core.trainers.inputs import StageInputs
+from flowpost.core.trainers.objective import Metrics, Objective, to_host
 from flowpost.core.trainers.optimizers import (
     OptimizerConfig,
     RoleOptimizer,
@@ -56,9 +59,14 @@ class BaseTrainer(ABC):
     A trainer with several live networks declares them as ordered ``required_trainable_roles``
     (the first owns the base weights and the loop's ``optimizer_step``); each is a component
     variant with its own entry in the stage's ``optimizers:``.
+
+    ``captured_snapshots`` names each snapshot ``setup`` captures with the ``train:`` field that switches it
+    on (None: always): ``snapshots_held(args)``, which the memory preflight counts (the EMA callback's comes
+    on top). A snapshot ``setup`` captures without declaring it fails the build.
     """
 
     required_trainable_roles: ClassVar[tuple[str, ...]] = ()
+    captured_snapshots: ClassVar[Mapping[Snapshot, str | None]] = {}
 
     Arguments: ClassVar[type[TrainerArguments]]
     acquisition: ClassVar[Acquisition]  # fixed by the trainer type
@@ -70,6 +78,8 @@ class BaseTrainer(ABC):
         super().__init_subclass__(**kwargs)
         if "execution_contract" in cls.__dict__ or "paradigm" in cls.__dict__:
             raise TypeError(f"{cls.__name__}: declare execution_contract and paradigm on its Arguments class only")
+        if problems := cls._snapshot_problems():
+            raise TypeError(f"{cls.__name__}.captured_snapshots: {'; '.join(problems)}")
         arguments = cls.__dict__.get("Arguments")
         if arguments is None:
             return
@@ -89,6 +99,26 @@ class BaseTrainer(ABC):
         cls.paradigm = paradigm
         if cls.required_trainable_roles and (problems := role_problems(cls.required_trainable_roles)):
             raise TypeError(f"{cls.__name__}.required_trainable_roles: {'; '.join(problems)}")
+
+    @classmethod
+    def _snapshot_problems(cls) -> list[str]:
+        """Why ``captured_snapshots`` is no declaration: a key that is no ``Snapshot``, or a switch that is no
+        field of ``Arguments`` (checked once the class has one)."""
+        arguments = getattr(cls, "Arguments", None)
+        problems = []
+        for snapshot, switch in cls.captured_snapshots.items():
+            if not isinstance(snapshot, Snapshot):
+                problems.append(f"{snapshot!r} is no Snapshot; name it by a member of flowpost.core.snapshots.Snapshot")
+            elif switch is not None and arguments is not None and switch not in arguments.model_fields:
+                problems.append(f"{snapshot.value!r} is switched on by {switch!r}, no field of {arguments.__name__}")
+        return problems
+
+    @classmethod
+    def snapshots_held(cls, args: TrainerArguments) -> frozenset[Snapshot]:
+        """The snapshots the trainer captures under ``args``: those always held and those whose switch is set."""
+        return frozenset(
+            snapshot for snapshot, switch in cls.captured_snapshots.items() if switch is None or getattr(args, switch)
+        )
 
     def __init__(
         self,
@@ -135,8 +165,10 @@ class BaseTrainer(ABC):
             adapter.add_component_variants(roles)  # before the layout prepares (and wraps) anything
         upcast_trainable(adapter.trainable_network())  # fp32 weights and optimizer state, whatever the base's dtype
         model = self.parallel.prepare(adapter, self.accelerator.device)
+        before = set(adapter.snapshots.names())
         self.setup()
         self._check_snapshots_are_not_roles()
+        self._check_snapshots_are_declared(set(adapter.snapshots.names()) - before)
         model.train()
         self.model = model  # never wrapped: the layout synchronises gradients (flowpost.core.parallel)
         self.roles: dict[str, RoleOptimizer] = {}
@@ -179,6 +211,16 @@ class BaseTrainer(ABC):
             raise FlowpostError(
                 f"{', '.join(map(repr, clash))} is a live trainable role of {type(self).__name__}; a snapshot "
                 "(frozen weights) needs a name of its own",
+                where=f"stages.{self.stage}.trainer",
+            )
+
+    def _check_snapshots_are_declared(self, captured: set[str]) -> None:
+        undeclared = sorted(map(str, captured - self.snapshots_held(self.args)))
+        if undeclared:
+            raise FlowpostError(
+                f"{type(self).__name__}.setup captured the snapshot(s) {', '.join(undeclared)}, which its "
+                "captured_snapshots does not declare under these arguments; declare each, so that the memory "
+                "preflight counts it",
                 where=f"stages.{self.stage}.trainer",
             )
 
@@ -269,9 +311,24 @@ class BaseTrainer(ABC):
         """Accumulate gradients of ``loss`` (already divided by the accumulation count)."""
         self.parallel.backward(loss, self.accelerator)
 
-    def step_optimizer(self, metrics: dict[str, float], *, micro_batches: int = 0) -> dict[str, float]:
+    def backpropagate(self, objective: Objective) -> Metrics:
+        """Backpropagate each loss part ``objective`` yields before asking for the next; its metrics."""
+        while True:
+            try:
+                part = next(objective)
+            except StopIteration as done:
+                return done.value
+            self.backward(part)
+
+    def _read_step(self, metrics: Metrics, parameters: list[torch.nn.Parameter]) -> tuple[dict[str, float], bool]:
+        """The step's metrics on the host and whether it is bad (on any rank): one device-to-host read,
+        which the skip decision needs anyway, brings the finiteness check and every metric back."""
+        host, finite = to_host(metrics, step_is_finite(metrics.get("loss"), parameters))
+        return host, self.bad_steps.is_bad(finite, self.accelerator.device)
+
+    def step_optimizer(self, metrics: Metrics, *, micro_batches: int = 0) -> dict[str, float]:
         """Clip/inspect (callbacks), step, schedule, zero; advance ``optimizer_step``; run step callbacks
-        and, when due, validation. Returns the step's metrics (averaged over ranks).
+        and, when due, validation. Returns the step's metrics (on the host, averaged over ranks).
 
         A step whose loss or gradients are non-finite on any rank is skipped on every rank (gradients
         zeroed, no optimizer or scheduler step) and counted in ``skipped_steps``.
@@ -280,40 +337,41 @@ class BaseTrainer(ABC):
         sync_seconds = self.parallel.sync_gradients(self.trainable)
         if sync_seconds is not None:
             metrics["grad_sync_seconds"] = sync_seconds
-        if not self.bad_steps.is_bad(metrics.get("loss"), self.trainable, self.accelerator.device):
-            metrics.update(self.callbacks.on_before_optimizer_step(self))
-            metrics["lr"] = self.scheduler.get_last_lr()[0]
+        host, bad = self._read_step(metrics, self.trainable)
+        if not bad:
+            host.update(self.callbacks.on_before_optimizer_step(self))
+            host["lr"] = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
-            metrics.update(self.parallel.step_metrics())
+            host.update(self.parallel.step_metrics())
             self.scheduler.step()
         if self.bad_steps.total:
-            metrics["skipped_steps"] = float(self.bad_steps.total)
+            host["skipped_steps"] = float(self.bad_steps.total)
         self.optimizer.zero_grad(set_to_none=True)
         self.progress = self.progress.after_optimizer_step(micro_batches)
-        metrics = {**self.cycle_metrics, **mean_over_ranks(metrics)}
-        self.callbacks.on_step_end(self, metrics)
+        host = {**self.cycle_metrics, **mean_over_ranks(host)}
+        self.callbacks.on_step_end(self, host)
         self._validate_if_due()
-        return metrics
+        return host
 
-    def step_role(self, role: str, metrics: dict[str, float]) -> dict[str, float]:
+    def step_role(self, role: str, metrics: Metrics) -> dict[str, float]:
         """One update of trainable role ``role``: the first role's is ``step_optimizer`` (it advances
         ``optimizer_step``, step callbacks and validation); another role's steps its own optimizer and
-        counter only. Returns the update's metrics (averaged over ranks, prefixed by the role)."""
+        counter only. Returns the update's metrics (on the host, averaged over ranks, prefixed by the role)."""
         if role == self.required_trainable_roles[0]:
-            metrics = self.step_optimizer(metrics)
+            host = self.step_optimizer(metrics)
         else:
             optimizer = self.roles[role]
-            metrics = dict(metrics)
             self.parallel.sync_gradients(optimizer.parameters)
-            if not self.bad_steps.is_bad(metrics.get("loss"), optimizer.parameters, self.accelerator.device):
-                metrics.update(self.callbacks.on_before_optimizer_step(self))
-                metrics["lr"] = optimizer.scheduler.get_last_lr()[0]
+            host, bad = self._read_step(metrics, optimizer.parameters)
+            if not bad:
+                host.update(self.callbacks.on_before_optimizer_step(self))
+                host["lr"] = optimizer.scheduler.get_last_lr()[0]
                 optimizer.step()
                 optimizer.scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             optimizer.updates += 1
-            metrics = mean_over_ranks(metrics)
-        return {f"{role}/{key}": value for key, value in metrics.items() if key not in self.cycle_metrics}
+            host = mean_over_ranks(host)
+        return {f"{role}/{key}": value for key, value in host.items() if key not in self.cycle_metrics}
 
     def _validate_if_due(self) -> None:
         """A validation grid when one is due: with sharded weights every rank generates; rank 0 writes."""

@@ -19,8 +19,9 @@ from flowpost.core.checkpoint import (
     verify_checkpoint,
 )
 from flowpost.core.events import CheckpointEvent
-from flowpost.core.io import atomic_directory, write_json_atomic
+from flowpost.core.io import atomic_directory, file_errors_reported, write_json_atomic
 from flowpost.core.logging import get_logger
+from flowpost.core.parallel import recorded_layout
 from flowpost.core.progress import TrainingProgress
 from flowpost.errors import FlowpostError
 
@@ -163,7 +164,7 @@ class CheckpointManager:
             path=path,
             progress=TrainingProgress.from_dict(state.trainer["progress"]),
             world_size=int(state.trainer["world_size"]),
-            layout=str(state.trainer["layout"]),
+            layout=recorded_layout(str(state.trainer["layout"])),
         )
         self.saved = resumed.progress
         return resumed
@@ -173,10 +174,16 @@ class CheckpointManager:
         for name in [None, *self.adapter.snapshots.names()]:
             with self.parallel.whole_weights(self.adapter, name) as whole:
                 if whole is not None:
-                    with atomic_directory(self.output_dir / "final" / (name or "live")) as tmp:
+                    folder = self.output_dir / "final" / (name or "live")
+                    with (
+                        file_errors_reported("writing the final weights", where=folder),
+                        atomic_directory(folder) as tmp,
+                    ):
                         whole.save_pretrained(tmp)
         if self.accelerator.is_main_process:
-            write_json_atomic(self.output_dir / "final" / "progress.json", progress.to_dict())
+            path = self.output_dir / "final" / "progress.json"
+            with file_errors_reported("writing the final weights", where=path):
+                write_json_atomic(path, progress.to_dict())
 
 
 def _check_snapshot_names(path: Path, name: str, tensors: dict[str, torch.Tensor], network: torch.nn.Module) -> None:

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections import defaultdict
 from itertools import islice
 from typing import Any, ClassVar
 
@@ -17,6 +16,7 @@ from flowpost.core.contracts import Acquisition
 from flowpost.core.trainers.arguments import DatasetArguments
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import BatchLoader
+from flowpost.core.trainers.objective import Metrics, accumulate
 from flowpost.errors import FlowpostError
 
 
@@ -35,7 +35,8 @@ class DatasetTrainer(BaseTrainer):
 
     @abstractmethod
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """``{"loss": scalar, ...metrics}`` of one micro-batch (the loop backpropagates the loss)."""
+        """``{"loss": scalar, ...metrics}`` of one micro-batch, as tensors: the loop backpropagates the loss
+        and keeps the metrics on the device (``core/trainers/objective.py``)."""
 
     @property
     def budget(self) -> int:
@@ -86,21 +87,20 @@ class DatasetTrainer(BaseTrainer):
 
     def _run_epoch(self, loader: BatchLoader, usable: int, accum: int, budget: int) -> None:
         """One pass; ``data_epoch`` advances only when all ``usable`` batches ran cleanly."""
-        sums: dict[str, float] = defaultdict(float)
+        sums: Metrics = {}
         start = self.progress.epoch_cursor
         batches = islice(loader.iter_epoch(self.progress.data_epoch, start_batch=start), usable - start)
         for offset, batch in enumerate(batches):
             self._micro_index = offset % accum
             outputs = self.optimize_batch(batch)
             self.backward(outputs["loss"] / accum)
-            for key, value in outputs.items():
-                sums[key] += float(value.detach()) / accum
+            accumulate(sums, outputs, divisor=accum)
             if self._micro_index == accum - 1:
-                metrics = self.step_optimizer(dict(sums), micro_batches=accum)
+                metrics = self.step_optimizer(sums, micro_batches=accum)
                 if start + offset + 1 >= usable:
                     self.progress = self.progress.after_epoch()
                     metrics |= self._after_acquisition_cycle()
-                sums.clear()
+                sums = {}
                 self._end_budget_unit(budget, metrics)
                 if self.progress.optimizer_step >= budget:
                     return

@@ -12,13 +12,14 @@ from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.objective import Metrics, Objective, accumulate, to_host
 from flowpost.core.trainers.rl.rollout import Rollout
 from flowpost.core.trainers.role_plan import RoleUpdatePlan
 from flowpost.core.trainers.rollout_engine import RolloutEngine
 from flowpost.errors import FlowpostError
 
-MicroBatchLoss = Callable[[Rollout, float], dict[str, float]]
-RoleLoss = Callable[[Rollout, float, str], dict[str, float]]
+MicroBatchObjective = Callable[[Rollout, float], Objective]
+RoleObjective = Callable[[Rollout, float, str], Objective]
 
 
 class GenerationTrainer(BaseTrainer):
@@ -53,8 +54,9 @@ class GenerationTrainer(BaseTrainer):
         """One acquisition cycle of samples (usually ``self.rollouts.generate``)."""
 
     @abstractmethod
-    def optimize(self, samples: Rollout) -> dict[str, float]:
-        """Update the policy from one cycle's samples; return the cycle's metrics."""
+    def optimize(self, samples: Rollout) -> Metrics:
+        """Update the policy from one cycle's samples (``train_on_rollout``, ``train_roles_on_rollout``);
+        return the cycle's metrics (tensors among them are read once, at the cycle's end)."""
 
     @property
     def budget(self) -> int:
@@ -75,48 +77,50 @@ class GenerationTrainer(BaseTrainer):
             self.cycle_metrics = {}
             if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
                 self.cycle_metrics = mean_over_ranks(self.rollouts.score(samples))
-            metrics = self.cycle_metrics | self.optimize(samples)
+            metrics = self.cycle_metrics | to_host(self.optimize(samples))[0]
             self.progress = self.progress.after_rollout()
             metrics |= self._after_acquisition_cycle()
             self._end_budget_unit(budget, metrics)
 
-    def train_on_rollout(self, samples: Rollout, loss: MicroBatchLoss) -> dict[str, float]:
+    def train_on_rollout(self, samples: Rollout, objective: MicroBatchObjective) -> dict[str, float]:
         """``inner_epochs`` passes over ``samples`` in micro-batches, stepping every accumulation.
 
-        ``loss(micro_batch, scale)`` backpropagates its mean loss times ``scale`` and returns metrics
-        (means over its rows); a rank without rows in a micro-batch skips it but still takes part in
-        the step's gradient average. A trailing partial accumulation window is dropped unless it is
-        the only one. Returns the last optimizer step's metrics.
+        ``objective(micro_batch, scale)`` yields the parts of its mean loss times ``scale`` and returns
+        its metrics (means over its rows); the loop backpropagates the parts and sums the metrics on the
+        device. A rank without rows in a micro-batch skips it but still takes part in the step's gradient
+        average. A trailing partial accumulation window is dropped unless it is the only one. Returns the
+        last optimizer step's metrics.
         """
         accum, iteration = self.args.gradient_accumulation_steps, self.progress.rollout_iteration
         metrics: dict[str, float] = {}
         for epoch in range(self.args.inner_epochs):
             batches = self.rollouts.micro_batches(len(samples), iteration, epoch)
             usable = len(batches) - len(batches) % accum or len(batches)
-            sums: dict[str, float] = {}
+            sums: Metrics = {}
             for number, batch in enumerate(batches[:usable]):
                 if batch.rows:
-                    for key, value in loss(samples.select(batch.rows), batch.share / accum).items():
-                        sums[key] = sums.get(key, 0.0) + value * batch.share / accum
+                    values = self.backpropagate(objective(samples.select(batch.rows), batch.share / accum))
+                    accumulate(sums, values, scale=batch.share, divisor=accum)
                 if (number + 1) % accum == 0 or number + 1 == usable:
                     metrics |= self.step_optimizer(sums)
                     sums = {}
         return metrics
 
     def train_roles_on_rollout(
-        self, samples: Rollout, plan: RoleUpdatePlan, losses: dict[str, RoleLoss]
+        self, samples: Rollout, plan: RoleUpdatePlan, objectives: dict[str, RoleObjective]
     ) -> dict[str, float]:
         """One round of ``plan`` per shuffled micro-batch of ``samples``, one optimizer step per update.
 
-        ``losses[role](micro_batch, scale, tag)`` backpropagates that role's mean loss times ``scale``
-        and returns its metrics; ``tag`` (``"<micro-batch>-<update>"``) addresses the update's noise.
-        A rank without rows in a micro-batch still takes part in every step. Returns the last metrics
-        of each role.
+        ``objectives[role](micro_batch, scale, tag)`` yields the parts of that role's mean loss times
+        ``scale`` and returns its metrics; ``tag`` (``"<micro-batch>-<update>"``) addresses the update's
+        noise. A rank without rows in a micro-batch still takes part in every step. Returns the last
+        metrics of each role.
         """
         metrics: dict[str, float] = {}
         for number, batch in enumerate(self.rollouts.micro_batches(len(samples), self.progress.rollout_iteration, 0)):
             part = samples.select(batch.rows) if batch.rows else None
             for update, role in enumerate(plan.round()):
-                values = losses[role](part, batch.share, f"{number}-{update}") if part is not None else {}
+                tag = f"{number}-{update}"
+                values = self.backpropagate(objectives[role](part, batch.share, tag)) if part is not None else {}
                 metrics |= self.step_role(role, values)
         return metrics

@@ -7,26 +7,25 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, model_validator
 from torch import nn
 
-from flowpost.core.config.base import StrictModel
+from flowpost.core.config.base import OmittingModel
+from flowpost.core.trainers.optimizer_settings import AdamWSettings
 from flowpost.errors import FlowpostError
 
 MUON_ONLY = ("momentum", "adamw_lr")
 MUON_BACKENDS = ("ddp",)  # Muon orthogonalises whole matrices: sharded parameters cannot take it
 
 
-class OptimizerConfig(StrictModel):
-    """One role's optimizer: ``adamw``, or ``muon`` (``torch.optim.Muon`` on 2-D weights, AdamW on the rest)."""
+class OptimizerConfig(AdamWSettings, OmittingModel):
+    """One role's optimizer: ``adamw``, or ``muon`` (``torch.optim.Muon`` on 2-D weights, AdamW on the rest);
+    its warm-up counts this role's updates."""
 
     name: Literal["adamw", "muon"] = "adamw"
     lr: float = Field(gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
     momentum: float = Field(0.95, gt=0, lt=1, description="muon: momentum of the orthogonalised update")
     adamw_lr: float | None = Field(None, gt=0, description="muon: lr of the AdamW part; default: lr")
-    warmup_steps: int = Field(0, ge=0, description="this role's updates of linear learning-rate warm-up")
 
     @model_validator(mode="after")
     def _muon_only(self) -> OptimizerConfig:
@@ -35,14 +34,9 @@ class OptimizerConfig(StrictModel):
             raise ValueError(f"{', '.join(unused)} apply to name: muon only; remove them or set name: muon")
         return self
 
-    @model_serializer(mode="wrap")
-    def _omit_muon_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """AdamW entries without Muon's fields (the re-validated form must not set them)."""
-        data = handler(self)
-        if self.name != "muon":
-            for key in MUON_ONLY:
-                data.pop(key, None)
-        return data
+    def inapplicable(self) -> tuple[str, ...]:
+        """Muon's fields in an AdamW entry (the re-validated form must not set them)."""
+        return MUON_ONLY if self.name != "muon" else ()
 
 
 def muon_groups(parameters: Iterable[tuple[str, nn.Parameter]]) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -113,9 +107,11 @@ def build_role_optimizer(role: str, named: list[tuple[str, nn.Parameter]], confi
         ]
         if rest:
             lr = config.adamw_lr or config.lr
-            optimizers.append(torch.optim.AdamW(rest, lr=lr, betas=config.betas, weight_decay=config.weight_decay))
+            optimizers.append(torch.optim.AdamW(rest, lr=lr, betas=config.adam_betas, weight_decay=config.weight_decay))
     else:
-        optimizers = [torch.optim.AdamW(parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)]
+        optimizers = [
+            torch.optim.AdamW(parameters, lr=config.lr, betas=config.adam_betas, weight_decay=config.weight_decay)
+        ]
     return RoleOptimizer(role, parameters, optimizers, warmup_steps=config.warmup_steps)
 
 
@@ -134,13 +130,13 @@ def check_role_optimizers(
             + (f"; not a role: {', '.join(unknown)}" if unknown else ""),
             where=where,
         )
-    if layout == "zero2":
+    if layout == "deepspeed-zero2":
         raise FlowpostError(
             "deepspeed-zero2 steps one optimizer, and this trainer has one per role; use ddp or fsdp2",
             where=f"stages.{stage}.launch.backend",
         )
     for role, config in optimizers.items():
-        if config.name == "muon" and layout != "replicated":
+        if config.name == "muon" and layout not in MUON_BACKENDS:
             raise FlowpostError(
                 f"torch.optim.Muon orthogonalises whole matrices and cannot step {layout} shards; "
                 "use launch.backend ddp or name: adamw",

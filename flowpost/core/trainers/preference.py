@@ -48,9 +48,9 @@ def implicit_rewards(
     return -scale * (policy_chosen - ref_chosen), -scale * (policy_rejected - ref_rejected)
 
 
-def implicit_accuracy(margin: Tensor) -> float:
-    """Fraction of pairs with ``z > 0``; ties count one half."""
-    return float(((margin > 0).float() + 0.5 * (margin == 0).float()).mean())
+def implicit_accuracy(margin: Tensor) -> Tensor:
+    """Fraction of pairs with ``z > 0``; ties count one half (a scalar on the margin's device)."""
+    return ((margin > 0).float() + 0.5 * (margin == 0).float()).mean()
 
 
 def group_pairs(rewards: Tensor, group_ids: Tensor) -> tuple[list[int], list[int], Tensor]:

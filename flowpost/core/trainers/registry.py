@@ -1,10 +1,12 @@
-"""The static, lowercase registry of trainers (lazy imports); a trainer names its arguments class."""
+"""The trainers: the built-ins (a static, lowercase dict imported lazily) and plugins; a trainer names its
+arguments class."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flowpost.core.lazy import import_registered
+from flowpost.core.plugins import Registry
+from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
     from flowpost.core.trainers.arguments import TrainerArguments
@@ -25,13 +27,27 @@ TRAINERS: dict[str, str] = {
     "diffusion-opd": "flowpost.core.trainers.distill.opd:OPDTrainer",
     "kd": "flowpost.core.trainers.distill.kd:KDTrainer",
 }
+TRAINER_REGISTRY = Registry(
+    "trainer",
+    plural="trainers",
+    group="flowpost.trainers",
+    builtins=TRAINERS,
+    base="flowpost.core.trainers.base:BaseTrainer",
+)
 
 
 def trainer_class(name: str, *, where: str = "trainer") -> type[BaseTrainer]:
-    """The trainer registered as ``name`` (its contract was checked when its class was defined)."""
-    return import_registered(TRAINERS, name, kind="trainer", where=where)
+    """The trainer ``name`` stands for (its contract was checked when its class was defined)."""
+    return TRAINER_REGISTRY.load(name, where=where)
 
 
 def arguments_class(name: str, *, where: str = "trainer") -> type[TrainerArguments]:
     """The arguments class of trainer ``name`` (the ``train:`` section's schema)."""
-    return trainer_class(name, where=where).Arguments
+    trainer = trainer_class(name, where=where)
+    if not hasattr(trainer, "Arguments"):
+        raise FlowpostError(
+            f"trainer {name!r} names no arguments class; set Arguments to a DatasetArguments or OnlineArguments "
+            "subclass on it",
+            where=where,
+        )
+    return trainer.Arguments

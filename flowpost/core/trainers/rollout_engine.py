@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
-from flowpost.core.advantages import advantage_metrics, group_advantages
+from flowpost.core.advantages import (
+    advantage_metrics,
+    group_advantages,
+    per_reward_advantages,
+    reward_correlations,
+)
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_generator, addressed_randn
@@ -167,17 +173,23 @@ class RolloutEngine:
             total=self.accelerator.gather(output.total.to(device)).cpu(),
             components={k: self.accelerator.gather(v.to(device)).cpu() for k, v in output.components.items()},
         )
-        rewards = gathered.total
         groups = self.accelerator.gather(rollout.group_ids.to(device)).cpu()
-        args = self.args
-        advantages = group_advantages(
-            rewards,
-            groups,
-            std=args.advantage_std,
-            clip=args.advantage_clip,
-        )
+        advantages = self._advantages(gathered, self.rewards.weights, groups)
         start = self.accelerator.process_index * len(rollout)
         rollout.rewards = output.total
         rollout.advantages = advantages[start : start + len(rollout)]
-        stats = advantage_metrics(rewards, groups, advantages, clip=args.advantage_clip)
-        return self.rewards.metrics(gathered) | {f"advantage/{key}": value for key, value in stats.items()}
+        stats = advantage_metrics(gathered.total, groups, advantages, clip=self.args.advantage_clip)
+        metrics = self.rewards.metrics(gathered) | {f"advantage/{key}": value for key, value in stats.items()}
+        if len(gathered.components) > 1:
+            steering = reward_correlations(gathered.components, groups, advantages)
+            metrics |= {f"advantage/{name}_corr": value for name, value in steering.items()}
+        return metrics
+
+    def _advantages(self, rewards: RewardOutput, weights: dict[str, float], groups: Tensor) -> Tensor:
+        """The gathered samples' advantages (``train.reward_normalisation``): of the weighted sum (``sum``), or
+        of each reward normalised in its group, then weighted and summed (``per_reward``, GDPO)."""
+        args = self.args
+        if args.reward_normalisation == "per_reward":
+            parts = [(rewards.components[name], weight) for name, weight in weights.items()]
+            return per_reward_advantages(parts, groups, std=args.advantage_std, clip=args.advantage_clip)
+        return group_advantages(rewards.total, groups, std=args.advantage_std, clip=args.advantage_clip)

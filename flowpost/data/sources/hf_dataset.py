@@ -15,15 +15,36 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flowpost.core.config.schema import HubDataset
+from flowpost.core.config.schema.captioned import HfDataset
+from flowpost.core.config.schema.media import HubDataset
 from flowpost.core.io import sha256_json
 from flowpost.data.file_hashes import files_fingerprint
+from flowpost.data.sources.base import CaptionedSource
 from flowpost.data.sources.image_folder import folder_files
 from flowpost.data.sources.items import SourceItem, caption_field, image_cell, json_metadata
 from flowpost.errors import FlowpostError, TransientError
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class HfSource(CaptionedSource[HfDataset]):
+    """Reads an ``hf-dataset`` dataset: a saved folder (``path``) or a hub dataset (``hub``, which DVC does not
+    track: its params pin it)."""
+
+    def items(self, *, where: str) -> Iterator[SourceItem]:
+        c = self.config
+        path = Path(c.path) if c.path is not None else None
+        return hf_items(path=path, hub=c.hub, caption_column=c.caption_column, image_column=c.image_column, where=where)
+
+    def fingerprint(self, *, where: str) -> str:
+        if self.config.hub is not None:
+            return hub_fingerprint(self.config.hub, where=f"{where}.hub")
+        assert self.config.path is not None
+        return saved_fingerprint(Path(self.config.path), where=f"{where}.path")
+
+    def location(self) -> str:
+        return f"hub:{self.config.hub.id}" if self.config.hub is not None else str(self.config.path)
 
 
 def offline() -> bool:

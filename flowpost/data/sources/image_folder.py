@@ -15,14 +15,37 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flowpost.core.config.schema.captioned import FileDataset
 from flowpost.data.file_hashes import files_fingerprint
 from flowpost.data.prompt_rows import read_prompt_rows
+from flowpost.data.sources.base import CaptionedSource
 from flowpost.data.sources.contained import check_inside, contained
 from flowpost.data.sources.items import SourceItem, caption_field, json_metadata
 from flowpost.errors import FlowpostError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 METADATA_NAMES = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+
+
+class ImageFolderSource(CaptionedSource[FileDataset]):
+    """Reads an ``image-folder`` dataset: the files with ``SUFFIXES`` under its folder."""
+
+    SUFFIXES = IMAGE_SUFFIXES
+
+    def items(self, *, where: str) -> Iterator[SourceItem]:
+        c, at = self.config, f"{where}.path"
+        return folder_items(
+            Path(c.path),
+            caption_column=c.caption_column,
+            where=at,
+            suffixes=self.SUFFIXES,
+            allow_outside=c.allow_outside,
+        )
+
+    def fingerprint(self, *, where: str) -> str:
+        return folder_fingerprint(
+            Path(self.config.path), where=f"{where}.path", allow_outside=self.config.allow_outside
+        )
 
 
 def folder_files(root: Path, *, where: str, allow_outside: bool = False) -> list[Path]:

@@ -1,4 +1,5 @@
-"""What a source yields: one captioned image or clip, not yet decoded, and the bad items it found on the way."""
+"""What a source yields: one captioned image or clip (or preference pair), not yet decoded, and the bad items it
+found on the way."""
 
 from __future__ import annotations
 
@@ -40,6 +41,19 @@ class SourceItem:
     name: str
     where: str
     image: Path | bytes
+    caption: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PairItem:
+    """One preference pair, not yet decoded: named and located like a ``SourceItem``; each image is a file or the
+    encoded bytes; ``caption`` is raw."""
+
+    name: str
+    where: str
+    chosen: Path | bytes
+    rejected: Path | bytes
     caption: Any
     metadata: dict[str, Any] = field(default_factory=dict)
 

@@ -11,30 +11,33 @@ for each chosen one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowpost.core.config.schema.captioned import PreferencePairsDataset
+from flowpost.data.sources.base import CaptionedSource
 from flowpost.data.sources.contained import contained
 from flowpost.data.sources.image_folder import folder_files, folder_fingerprint, folder_items
-from flowpost.data.sources.items import caption_field, image_cell, json_metadata
+from flowpost.data.sources.items import PairItem, caption_field, image_cell, json_metadata
 from flowpost.data.sources.table import table_fingerprint, table_rows
 from flowpost.errors import FlowpostError
 
 CHOSEN, REJECTED = "chosen", "rejected"  # the two subfolders of a pair folder
 
 
-@dataclass(frozen=True)
-class PairItem:
-    """One pair, not yet decoded: ``name`` identifies it within the source (split and crops hash it), ``where``
-    locates it for messages; each image is a file or the encoded bytes; ``caption`` is raw."""
+class PairsSource(CaptionedSource[PreferencePairsDataset]):
+    """Reads a ``preference-pairs`` dataset."""
 
-    name: str
-    where: str
-    chosen: Path | bytes
-    rejected: Path | bytes
-    caption: Any
-    metadata: dict[str, Any] = field(default_factory=dict)
+    def items(self, *, where: str) -> Iterator[PairItem]:
+        c = self.config
+        columns = {"chosen_column": c.chosen_column, "rejected_column": c.rejected_column}
+        path, at, outside = Path(c.path), f"{where}.path", c.allow_outside
+        return pair_items(path, caption_column=c.caption_column, **columns, where=at, allow_outside=outside)
+
+    def fingerprint(self, *, where: str) -> str:
+        c = self.config
+        columns = {"chosen_column": c.chosen_column, "rejected_column": c.rejected_column}
+        return pairs_fingerprint(Path(c.path), **columns, where=f"{where}.path", allow_outside=c.allow_outside)
 
 
 def pair_items(

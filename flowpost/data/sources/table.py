@@ -10,12 +10,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from flowpost.core.config.schema.captioned import TableDataset
 from flowpost.data.file_hashes import files_fingerprint
 from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
+from flowpost.data.sources.base import CaptionedSource
 from flowpost.data.sources.items import SourceItem, caption_field, image_cell, json_metadata
 from flowpost.errors import FlowpostError
 
 SUFFIXES = (".parquet", ".csv", ".jsonl")
+
+
+class TableSource(CaptionedSource[TableDataset]):
+    """Reads a ``table`` dataset."""
+
+    def items(self, *, where: str) -> Iterator[SourceItem]:
+        c = self.config
+        columns = {"caption_column": c.caption_column, "image_column": c.image_column}
+        return table_items(Path(c.path), **columns, where=f"{where}.path", allow_outside=c.allow_outside)
+
+    def fingerprint(self, *, where: str) -> str:
+        c = self.config
+        at = f"{where}.path"
+        return table_fingerprint(Path(c.path), image_columns=(c.image_column,), where=at, allow_outside=c.allow_outside)
 
 
 def table_rows(table: Path, *, image_column: str, where: str) -> list[PromptRow]:

@@ -18,11 +18,33 @@ from typing import Any
 
 from braceexpand import braceexpand
 
+from flowpost.core.config.schema.captioned import WebShardsDataset
 from flowpost.core.io import sha256_file
+from flowpost.data.sources.base import CaptionedSource
 from flowpost.data.sources.items import SourceItem, caption_field, json_metadata
 from flowpost.errors import FlowpostError, TransientError
 
 DVC_SCHEMES = ("s3", "gs", "azure", "hdfs", "webhdfs", "http", "https", "ssh")  # what DVC reads as external deps
+
+
+class WebShardsSource(CaptionedSource[WebShardsDataset]):
+    """Reads a ``webdataset`` dataset."""
+
+    def items(self, *, where: str) -> Iterator[SourceItem]:
+        c, at = self.config, f"{where}.shards"
+        keys = {"image_keys": c.image_keys, "caption_keys": c.caption_keys}
+        return shard_items(shard_urls(c.shards, where=at), **keys, caption_column=c.caption_column, where=at)
+
+    def fingerprint(self, *, where: str) -> str:
+        at = f"{where}.shards"
+        return shards_fingerprint(shard_urls(self.config.shards, where=at), where=at)
+
+    def dependencies(self, *, where: str) -> list[str]:
+        return shard_dependencies(shard_urls(self.config.shards, where=f"{where}.shards"))
+
+    def location(self) -> str:
+        shards = self.config.shards
+        return shards if isinstance(shards, str) else ", ".join(shards)
 
 
 def shard_urls(shards: str | list[str], *, where: str) -> list[str]:

@@ -60,6 +60,20 @@ def test_a_grayscale_dataset_for_an_rgb_vae_is_refused_naming_the_mode(
     validate_pipeline(_shapes(tiny_pipeline, model, "rgb"))  # what the message asks for validates
 
 
+def test_the_digits_for_an_rgb_vae_are_refused_before_anything_runs(
+    tiny_pipeline, family_dir: tuple[str, Path]
+) -> None:
+    family, folder = family_dir
+    config = tiny_pipeline()
+    config["stages"]["sft"]["model"] = {"family": family, "pretrained": str(folder), "options": OPTIONS[family]}
+    config["conditions"]["own"] = {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["digits"]}
+    config["stages"]["sft"]["data"]["conditions"] = "own"
+    message = _refused(config)
+    assert "stages.sft.data.dataset: 'digits' holds grayscale digits (1 channel), and stage 'sft'" in message, message
+    assert f"the VAE of family {family!r} ({folder / 'vae'}: in_channels 3)" in message, message
+    assert message.endswith("train on an image dataset with preprocess.mode: rgb"), message
+
+
 def test_a_latent_cache_encoding_grayscale_images_with_an_rgb_vae_is_refused(tiny_pipeline, sd3_pipeline_dir) -> None:
     config = _shapes(tiny_pipeline, {"family": "tiny-sd3"}, "grayscale")
     config["latents"] = {"lat": {"dataset": "shapes", "model": {"family": "sd3", "pretrained": str(sd3_pipeline_dir)}}}

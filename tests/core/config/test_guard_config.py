@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict
+from flowpost.core.config.schema import GuardConfig
+from flowpost.core.trainers.inputs import StageInputs
+from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
+from flowpost.stage import build_guard
 
 GUARD = "stages.grpo.guard"
 
@@ -77,3 +81,30 @@ def test_a_guard_needs_a_cadence() -> None:
 def test_the_judge_of_a_guard_is_not_the_stage_reward() -> None:
     message = _error([f"{GUARD}={{metric: digit_adherence, max_drop: 0.1}}"])
     assert f"{GUARD}.metric: 'digit_adherence' is the stage's reward" in message
+
+
+@pytest.mark.parametrize(
+    ("metric", "better"),
+    [("adherence", "higher"), ("fd", "lower"), ("jpeg_compressibility", "higher"), ("brightness", "lower")],
+)
+def test_a_judge_takes_its_metrics_direction_unless_the_guard_gives_one(metric: str, better: str) -> None:
+    given = ", better: lower" if metric == "brightness" else ""
+    pipeline = load_pipeline(None, [f"{GUARD}={{metric: {metric}, max_drop: 0.1{given}}}"])
+    assert pipeline_to_dict(pipeline)["stages"]["grpo"]["guard"]["better"] == better
+
+
+def test_a_judge_without_a_direction_needs_better() -> None:
+    message = _error([f"{GUARD}={{metric: brightness, max_drop: 0.1}}"])
+    assert f"{GUARD}.better: 'brightness' declares no direction; give better: higher or lower" in message
+
+
+def test_a_guard_of_bands_alone_leaves_better_out_of_its_params() -> None:
+    pipeline = load_pipeline(None, [f"{GUARD}={{bounds: {{brightness: {{max_change: 0.1}}}}}}"])
+    assert "better" not in pipeline_to_dict(pipeline)["stages"]["grpo"]["guard"]
+
+
+def test_a_stage_refuses_a_judge_left_without_a_direction(tmp_path) -> None:
+    config = GuardConfig.model_validate({"metric": "brightness", "max_drop": 0.1})
+    spec = StageSpec(stage="grpo", seed=0, config={}, output_dir=str(tmp_path))
+    with pytest.raises(FlowpostError, match=rf"{GUARD}\.better: the judge has no direction"):
+        build_guard(config, spec, StageInputs(), every=1)

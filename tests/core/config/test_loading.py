@@ -218,11 +218,11 @@ def test_settings_that_would_fail_later_are_rejected_up_front(override: str, pat
 
 
 def test_zero2_without_deepspeed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flowpost.core.config import schema
+    from flowpost.core.config.schema import stages
 
     overrides = ["stages.sft.launch.backend=deepspeed-zero2", "stages.sft.launch.num_processes=2"]
     assert load_pipeline(None, overrides).stages["sft"].launch.backend == "deepspeed-zero2"
-    monkeypatch.setattr(schema, "deepspeed_installed", lambda: False)
+    monkeypatch.setattr(stages, "deepspeed_installed", lambda: False)
     message = _error(overrides)
     assert "stages.sft.launch" in message and "pip install" in message and "flowpost[deepspeed]" in message
 

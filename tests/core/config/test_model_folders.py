@@ -92,7 +92,7 @@ def test_an_option_value_the_family_rejects_names_its_path(
 def test_a_latent_caches_options_are_checked_too(tiny_pipeline, sd3_pipeline_dir: Path) -> None:
     config = with_model(tiny_pipeline, {"family": "sd3", "pretrained": str(sd3_pipeline_dir)})
     codec = {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "options": {"bogus": 1}}
-    config["latents"] = {"lat": {"dataset": "digits", "model": codec}}
+    config["latents"] = {"lat": {"dataset": "shapes", "model": codec}}
     _refused(config, "latents.lat.model.options: family 'sd3' has no option bogus")
 
 

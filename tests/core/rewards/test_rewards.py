@@ -115,7 +115,7 @@ def test_registry_builds_digit_adherence(tmp_path: Path) -> None:
 
 def test_registry_errors_name_the_config_path() -> None:
     with pytest.raises(FlowpostError, match="known rewards: " + ", ".join(sorted(REWARDS))) as info:
-        build_reward("hpsv2", options={}, where="stages.grpo.rewards.0.name")
+        build_reward("no_such_reward", options={}, where="stages.grpo.rewards.0.name")
     assert info.value.where == "stages.grpo.rewards.0.name"
     with pytest.raises(FlowpostError, match="accepted parameters: none") as info:
         build_reward("jpeg_compressibility", options={"quality": 90}, where="stages.grpo.rewards.1")

@@ -7,10 +7,11 @@ import torch
 
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter, TinySD3State
 from flowpost.core.sampling.substeps import ode_states, solve_ode
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.distill.consistency import clean_prediction, consistency_loss
 from flowpost.core.trainers.distill.kd import kd_loss
 from flowpost.core.trainers.distill.opd import opd_loss
-from flowpost.core.trainers.distill.teacher import TEACHER, teacher_velocity
+from flowpost.core.trainers.distill.teacher import teacher_velocity
 
 TINY = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 
@@ -96,7 +97,7 @@ def test_sub_steps_are_equal_euler_steps_of_the_model(tiny):
 
 def test_the_teachers_velocity_is_its_own_or_its_average_over_the_step(tiny):
     adapter, state = tiny
-    adapter.snapshots.capture(TEACHER, adapter.module())
+    adapter.snapshots.capture(Snapshot.TEACHER, adapter.module())
     x = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(2))
     sigma, sigma_next = torch.tensor([0.8, 0.4]), torch.tensor([0.4, 0.0])
     with torch.no_grad():

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from flowpost.core.events import read_events
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.distill.consistency import ConsistencyTrainer
 from flowpost.core.trainers.distill.opd import OPDTrainer, trained_states
-from flowpost.core.trainers.distill.teacher import TEACHER
 from flowpost.errors import FlowpostError
 
 INIT = "teacher-weights"  # the spec's init_from: distillation needs one (its weights are the adapter's)
@@ -33,7 +33,7 @@ def test_a_consistency_stage_trains_the_student_and_keeps_the_teacher(make_train
     )
     before = _trainable(trainer)
     trainer.start()
-    teacher = trainer.adapter.snapshots.state_dict(TEACHER)
+    teacher = trainer.adapter.snapshots.state_dict(Snapshot.TEACHER)
     assert all(torch.equal(teacher[k], before[k]) for k in before)
     after = _trainable(trainer)
     assert any(not torch.equal(after[k], before[k]) for k in before)
@@ -51,7 +51,7 @@ def test_consistency_resumes_to_identical_weights_target_and_teacher(make_traine
     assert resumed.progress == straight.progress
     a, b = straight.adapter.module().state_dict(), resumed.adapter.module().state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    for name in ("ema", TEACHER):
+    for name in (Snapshot.EMA, Snapshot.TEACHER):
         x, y = straight.adapter.snapshots.state_dict(name), resumed.adapter.snapshots.state_dict(name)
         assert all(torch.equal(x[k], y[k]) for k in x)
 
@@ -92,9 +92,9 @@ def test_opd_starts_at_zero_loss_against_its_own_weights_but_not_a_finer_teacher
     settings = {"cls": OPDTrainer, "init_from": INIT, "sampling": {"dynamics": "ode", "steps": 3}, "target": target}
     same = make_trainer(tmp_path / "same", **settings, **ROLLOUTS)
     rollout = same.sample()
-    assert same.loss(rollout, scale=1.0)["loss"] == 0.0
+    assert float(same.backpropagate(same.loss(rollout, scale=1.0))["loss"]) == 0.0
     finer = make_trainer(tmp_path / "finer", teacher_substeps=3, **settings, **ROLLOUTS)
-    assert finer.loss(rollout, scale=1.0)["loss"] > 0
+    assert float(finer.backpropagate(finer.loss(rollout, scale=1.0))["loss"]) > 0
 
 
 def test_an_opd_stage_moves_the_student_toward_a_finer_teacher_and_resumes_exactly(make_trainer, tmp_path):
@@ -112,7 +112,7 @@ def test_an_opd_stage_moves_the_student_toward_a_finer_teacher_and_resumes_exact
     straight.start()
     after = _trainable(straight)
     assert any(not torch.equal(after[k], before[k]) for k in before)
-    teacher = straight.adapter.snapshots.state_dict(TEACHER)
+    teacher = straight.adapter.snapshots.state_dict(Snapshot.TEACHER)
     assert all(torch.equal(teacher[k], before[k]) for k in before)
     metrics = _step_metrics(tmp_path / "straight")
     assert not any(key.startswith("reward") for m in metrics for key in m)

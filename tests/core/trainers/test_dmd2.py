@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.distill.distribution_matching import dmd_generator_loss, dmd_gradient
 from flowpost.core.trainers.distill.dmd2 import DMD2Trainer
-from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR, TEACHER
+from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
 from flowpost.errors import FlowpostError
 
 SMALL = {"prompts_per_iteration": 4, "group_size": 1, "rollout_batch_size": 4, "train_batch_size": 4}
@@ -57,7 +58,7 @@ def test_fake_score_updates_ttur_times_then_the_generator_once_each_touching_onl
     trainer.start()
     assert order == [(FAKE_SCORE, False, True)] * 2 + [(GENERATOR, True, False)]
     assert trainer.roles[FAKE_SCORE].updates == 2 and trainer.progress.optimizer_step == 1
-    assert TEACHER in trainer.adapter.snapshots
+    assert Snapshot.TEACHER in trainer.adapter.snapshots
 
 
 def test_each_role_has_its_own_optimizer_over_its_own_parameters(make_trainer, tmp_path):
@@ -94,10 +95,10 @@ def test_a_resumed_dmd2_stage_matches_an_uninterrupted_one_in_every_role(make_tr
         assert all(torch.equal(weights_a[role][k], weights_b[role][k]) for k in weights_a[role])
         assert len(moments_a[role]) == len(moments_b[role]) > 0
         assert all(torch.equal(a, b) for a, b in zip(moments_a[role], moments_b[role], strict=True))
-    for name in (TEACHER, "ema"):
+    for name in (Snapshot.TEACHER, Snapshot.EMA):
         a, b = straight.adapter.snapshots.state_dict(name), resumed.adapter.snapshots.state_dict(name)
         assert all(torch.equal(a[k], b[k]) for k in a)
-    teacher = straight.adapter.snapshots.state_dict(TEACHER)
+    teacher = straight.adapter.snapshots.state_dict(Snapshot.TEACHER)
     live = dict(straight.adapter.variants.module(GENERATOR).named_parameters())
     assert any(not torch.equal(teacher[k], live[k].detach()) for k in teacher)  # the teacher stayed frozen
 
@@ -113,10 +114,12 @@ def test_snapshots_are_keyed_by_the_first_roles_network_and_a_checkpoint_naming_
     trainer.start()
     state = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"), verified=True)
     network = {name for name, _ in trainer.adapter.variants.module(GENERATOR).named_parameters()}
-    assert set(state.snapshots[TEACHER]) == network  # not the bundle's role-prefixed names
+    assert set(state.snapshots[Snapshot.TEACHER]) == network  # not the bundle's role-prefixed names
     assert {key.split(".")[0] for key in state.model} == {GENERATOR, FAKE_SCORE}
-    prefixed = {f"{GENERATOR}.{key}": value for key, value in state.snapshots[TEACHER].items()}
-    save_checkpoint(tmp_path / "checkpoints", dataclasses.replace(state, step=2, snapshots={TEACHER: prefixed}))
+    prefixed = {f"{GENERATOR}.{key}": value for key, value in state.snapshots[Snapshot.TEACHER].items()}
+    save_checkpoint(
+        tmp_path / "checkpoints", dataclasses.replace(state, step=2, snapshots={Snapshot.TEACHER: prefixed})
+    )
     with pytest.raises(FlowpostError, match=r"step-2 holds snapshot 'teacher' with .* the network lacks.*--no-resume"):
         _dmd2(make_trainer, tmp_path, iterations=2, checkpoint_every=1).start()
 

@@ -91,7 +91,7 @@ def test_the_generator_receives_the_gan_gradient_and_the_fake_score_keeps_none_o
     for weight in (0.0, 1.0):
         trainer = _dmd2(make_trainer, tmp_path / str(weight), gan={**GAN, "generator_weight": weight})
         batch = trainer.generate()
-        values.append(trainer.generator_loss(batch, 1.0, "0-2")["loss"])
+        values.append(float(trainer.backpropagate(trainer.generator_loss(batch, 1.0, "0-2"))["loss"]))
         generator = trainer.adapter.variants.module(GENERATOR)
         gradients.append(torch.cat([p.grad.flatten() for p in generator.parameters() if p.grad is not None]))
         fake = trainer.adapter.variants.module(FAKE_SCORE)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from flowpost.core.events import read_events
-from flowpost.core.trainers.offline.dpo import REFERENCE, OfflineDPOTrainer
+from flowpost.core.snapshots import Snapshot
+from flowpost.core.trainers.offline.dpo import OfflineDPOTrainer
 from flowpost.core.trainers.preference import implicit_rewards, preference_loss, preference_margin
 from flowpost.errors import FlowpostError
 
@@ -67,14 +68,14 @@ def test_at_the_reference_the_margin_is_zero_and_swapping_the_arms_flips_the_gra
 @pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo"])
 def test_training_raises_the_margin_and_keeps_the_reference_frozen(make_trainer, pair_data_dirs, tmp_path, loss_type):
     trainer = _dpo(make_trainer, pair_data_dirs, tmp_path, max_steps=6, beta=200.0, loss_type=loss_type, lr=3e-3)
-    initial = {k: v.clone() for k, v in trainer.adapter.snapshots.state_dict(REFERENCE).items()}
+    initial = {k: v.clone() for k, v in trainer.adapter.snapshots.state_dict(Snapshot.REFERENCE).items()}
     trainer.start()
     batch = next(trainer.build_loader().iter_epoch(0))
     with torch.no_grad():
         outputs = trainer.optimize_batch(batch)
     assert float(outputs["margin"]) > 0 and float(outputs["implicit_accuracy"]) > 0.5
     assert float(outputs["reward_margin"]) > 0
-    reference = trainer.adapter.snapshots.state_dict(REFERENCE)
+    reference = trainer.adapter.snapshots.state_dict(Snapshot.REFERENCE)
     assert all(torch.equal(initial[k], reference[k]) for k in initial)
     live = dict(trainer.adapter.module().named_parameters())
     assert any(not torch.equal(live[k].detach(), initial[k]) for k in initial)

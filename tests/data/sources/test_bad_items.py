@@ -10,7 +10,7 @@ import pytest
 from image_samples import make_image_folder, png_bytes
 from PIL import Image
 
-from flowpost.core.config.schema import DatasetConfig
+from flowpost.core.config.schema import ImageFolderDataset, TableDataset
 from flowpost.data.captioned import captioned_split
 from flowpost.data.sources.items import BAD_KINDS
 from flowpost.errors import FlowpostError
@@ -55,9 +55,7 @@ def _folder_with_one_bad_item_of_each_kind(root: Path) -> Path:
 def test_each_kind_is_counted_in_the_manifest_and_skipped(tmp_path: Path) -> None:
     root = _folder_with_one_bad_item_of_each_kind(tmp_path / "folder")
     preprocess = {**GRAY["preprocess"], "max_megapixels": 0.01}
-    config = DatasetConfig(
-        source="image-folder", path=str(root), preprocess=preprocess, max_caption_chars=80, max_bad_fraction=0.2
-    )
+    config = ImageFolderDataset(path=str(root), preprocess=preprocess, max_caption_chars=80, max_bad_fraction=0.2)
     manifest = acquire_dataset(config, tmp_path / "out", where="datasets.pets")
     counts = manifest["bad_items"]["counts"]
     expected = {kind: 0 if "video" in kind else 2 if kind == "unreadable_image" else 1 for kind in BAD_KINDS}
@@ -72,7 +70,7 @@ def test_each_kind_is_counted_in_the_manifest_and_skipped(tmp_path: Path) -> Non
 
 def test_past_max_bad_fraction_the_node_fails_naming_the_first_items(tmp_path: Path) -> None:
     root = _folder_with_one_bad_item_of_each_kind(tmp_path / "folder")
-    config = DatasetConfig(source="image-folder", path=str(root), **GRAY, max_caption_chars=80)
+    config = ImageFolderDataset(path=str(root), **GRAY, max_caption_chars=80)
     out = tmp_path / "out"
     with pytest.raises(FlowpostError, match=r"6 of 47 items are bad.*max_bad_fraction 0.05.*gone.png") as info:
         acquire_dataset(config, out, where="datasets.pets")
@@ -86,6 +84,6 @@ def test_a_table_with_non_utf8_caption_bytes_and_no_good_item_fails(tmp_path: Pa
 
     table = tmp_path / "t.parquet"
     pq.write_table(pa.table({"text": ["caf\xe9".encode("latin-1")], "image": [png_bytes()]}), table)
-    config = DatasetConfig(source="table", path=str(table), max_bad_fraction=1.0)
+    config = TableDataset(path=str(table), max_bad_fraction=1.0)
     with pytest.raises(FlowpostError, match="1 of 1 items are bad.*non_utf8_caption 1"):
         captioned_split(config, where="datasets.t")

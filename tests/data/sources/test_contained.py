@@ -9,19 +9,21 @@ from pathlib import Path
 import pytest
 from image_samples import make_image_folder, png_bytes
 
-from flowpost.core.config.schema import DatasetConfig
-from flowpost.data.captioned import source_fingerprint, source_items
+from flowpost.core.config.schema import CaptionedDataset, PromptFilesDataset, dataset_config
+from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 
 WHERE = "datasets.pets"
 
 
-def _config(root: Path, source: str = "image-folder", **fields) -> DatasetConfig:
-    return DatasetConfig(source=source, path=str(root), **fields)
+def _config(root: Path, source: str = "image-folder", **fields) -> CaptionedDataset:
+    config = dataset_config({"source": source, "path": str(root), **fields})
+    assert isinstance(config, CaptionedDataset)
+    return config
 
 
-def _items(config: DatasetConfig) -> list:
-    return list(source_items(config, where=WHERE))
+def _items(config: CaptionedDataset) -> list:
+    return list(source_for(config).items(where=WHERE))
 
 
 def _outside(tmp_path: Path) -> Path:
@@ -41,7 +43,7 @@ def test_a_metadata_row_naming_a_file_outside_is_refused_naming_its_line(tmp_pat
     root = make_image_folder(tmp_path / "folder", 3)
     secret = _outside(tmp_path)
     _named(root, "../elsewhere/x.png" if kind == "dotdot" else str(secret))
-    for read in (_items, lambda config: source_fingerprint(config, where=WHERE)):
+    for read in (_items, lambda config: source_for(config).fingerprint(where=WHERE)):
         with pytest.raises(FlowpostError) as refused:
             read(_config(root))
         assert refused.value.where == f"{root / 'metadata.jsonl'}:4"
@@ -52,7 +54,7 @@ def test_a_symlink_out_of_the_folder_is_refused(tmp_path: Path) -> None:
     root = make_image_folder(tmp_path / "folder", 3)
     (root / "linked.png").symlink_to(_outside(tmp_path))
     with pytest.raises(FlowpostError, match=r"linked\.png leads outside .* \(to .*elsewhere/x\.png\)") as refused:
-        source_fingerprint(_config(root), where=WHERE)
+        source_for(_config(root)).fingerprint(where=WHERE)
     assert refused.value.where == f"{WHERE}.path"
 
 
@@ -70,9 +72,9 @@ def test_allowed_outside_files_are_read_and_fingerprinted(tmp_path: Path) -> Non
     config = _config(root, allow_outside=True)
     names = [item.name for item in _items(config)]
     assert "../elsewhere/x.png" in names and "linked.png" in names
-    before = source_fingerprint(config, where=WHERE)
+    before = source_for(config).fingerprint(where=WHERE)
     secret.write_bytes(png_bytes(8))  # the outside file changes: the acquisition must rerun
-    assert source_fingerprint(config, where=WHERE) != before
+    assert source_for(config).fingerprint(where=WHERE) != before
 
 
 def test_a_table_cell_naming_a_file_outside_is_refused(tmp_path: Path) -> None:
@@ -82,7 +84,7 @@ def test_a_table_cell_naming_a_file_outside_is_refused(tmp_path: Path) -> None:
     table.write_text(json.dumps({"image": "../elsewhere/x.png", "text": "a cat"}) + "\n")
     config = _config(table, source="table")
     with pytest.raises(FlowpostError, match="leads outside") as refused:
-        source_fingerprint(config, where=WHERE)
+        source_for(config).fingerprint(where=WHERE)
     assert refused.value.where == f"{table}:1"
     assert len(_items(_config(table, source="table", allow_outside=True))) == 1
 
@@ -100,7 +102,7 @@ def test_a_pair_folder_whose_rejected_image_links_out_is_refused(tmp_path: Path)
 
 def test_the_option_applies_only_to_sources_that_read_paths() -> None:
     with pytest.raises(ValueError, match="allow_outside do not apply to source 'prompt-files'"):
-        DatasetConfig(source="prompt-files", path="p.txt", allow_outside=True)
+        PromptFilesDataset(path="p.txt", allow_outside=True)
 
 
 def test_a_symlinked_folder_is_read_once_and_a_cycle_ends(tmp_path: Path) -> None:

@@ -18,13 +18,14 @@ from image_samples import png_bytes
 from media_samples import save_hf_dataset
 from PIL import Image
 
-from flowpost.core.config.schema import DatasetConfig
-from flowpost.data.captioned import captioned_split, source_dependencies, source_fingerprint
+from flowpost.core.config.schema import HfDataset, TableDataset
+from flowpost.data.captioned import captioned_split, source_dependencies
+from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 
 
-def _config(path: Path, **fields) -> DatasetConfig:
-    return DatasetConfig(source="hf-dataset", path=str(path), **{"preprocess": {"resolution": 8}, **fields})
+def _config(path: Path, **fields) -> HfDataset:
+    return HfDataset(path=str(path), **{"preprocess": {"resolution": 8}, **fields})
 
 
 def test_a_saved_dataset_with_an_image_feature_and_extra_columns(tmp_path: Path) -> None:
@@ -37,12 +38,12 @@ def test_a_saved_dataset_with_an_image_feature_and_extra_columns(tmp_path: Path)
     assert split.train[0].image.shape == (3, 8, 8)
     assert source_dependencies(config, where="d") == [str(path)]
 
-    before = source_fingerprint(config, where="d")
-    assert source_fingerprint(config, where="d") == before
+    before = source_for(config).fingerprint(where="d")
+    assert source_for(config).fingerprint(where="d") == before
     save_hf_dataset(
         tmp_path / "saved2", {"image": [png_bytes(1), png_bytes(3)], "text": ["one", "two"], "style": ["a", "b"]}
     )
-    assert source_fingerprint(_config(tmp_path / "saved2"), where="d") != before
+    assert source_for(_config(tmp_path / "saved2")).fingerprint(where="d") != before
 
 
 def _lab_tiff() -> bytes:
@@ -106,21 +107,21 @@ def test_splits_folders_missing_columns_and_foreign_folders_are_named(tmp_path: 
 
 def test_a_hub_id_offline_needs_a_pinned_commit(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    hub = DatasetConfig(source="hf-dataset", hub={"id": "someone/pets", "split": "train"})
+    hub = HfDataset(hub={"id": "someone/pets", "split": "train"})
     with pytest.raises(
         FlowpostError, match="HF_HUB_OFFLINE is set.*revision 'main'.*set hub.revision to a commit"
     ) as info:
-        source_fingerprint(hub, where="datasets.hf")
+        source_for(hub).fingerprint(where="datasets.hf")
     assert info.value.where == "datasets.hf.hub" and source_dependencies(hub, where="d") == []
 
 
-@pytest.mark.slow  # a fresh process, as `flowpost stage` is: the hub libraries read HF_HUB_OFFLINE on import
+@pytest.mark.slow  # a fresh process, as `flowpost run-node` is: the hub libraries read HF_HUB_OFFLINE on import
 def test_offline_a_pinned_commit_outside_the_cache_is_named(tmp_path: Path) -> None:
     script = (
-        "from flowpost.core.config.schema import DatasetConfig\n"
+        "from flowpost.core.config.schema import HfDataset\n"
         "from flowpost.data.captioned import captioned_split\n"
         "from flowpost.errors import FlowpostError\n"
-        "hub = DatasetConfig(source='hf-dataset', hub={'id': 'someone/pets', 'revision': 40 * 'a'})\n"
+        "hub = HfDataset(hub={'id': 'someone/pets', 'revision': 40 * 'a'})\n"
         "try:\n    captioned_split(hub, where='datasets.hf')\nexcept FlowpostError as exc:\n    print(exc)\n"
     )
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": str(Path(__file__).parents[3])}
@@ -137,14 +138,14 @@ def test_online_a_hub_revision_is_fingerprinted_by_the_commit_the_hub_names(monk
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # as read when not set at import
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
-        hub = DatasetConfig(source="hf-dataset", hub={"id": "someone/pets", "revision": "main"})
-        before = source_fingerprint(hub, where="d")
-        assert source_fingerprint(hub, where="d") == before
+        hub = HfDataset(hub={"id": "someone/pets", "revision": "main"})
+        before = source_for(hub).fingerprint(where="d")
+        assert source_for(hub).fingerprint(where="d") == before
         commits["main"] = "2" * 40  # a push to the branch
-        assert source_fingerprint(hub, where="d") != before
-        missing = DatasetConfig(source="hf-dataset", hub={"id": "someone/gone"})
+        assert source_for(hub).fingerprint(where="d") != before
+        missing = HfDataset(hub={"id": "someone/gone"})
         with pytest.raises(FlowpostError, match="RepositoryNotFoundError for 'someone/gone'; fix hub.id") as info:
-            source_fingerprint(missing, where="datasets.hf")
+            source_for(missing).fingerprint(where="datasets.hf")
         assert info.value.where == "datasets.hf.hub"
 
 
@@ -180,6 +181,6 @@ def _hub_server(commits: dict[str, str]) -> Iterator[str]:
 
 def test_path_and_hub_are_alternatives() -> None:
     with pytest.raises(ValueError, match="one of 'path'"):
-        DatasetConfig(source="hf-dataset", path="x", hub={"id": "a/b"})
+        HfDataset(path="x", hub={"id": "a/b"})
     with pytest.raises(ValueError, match="hub do not apply to source 'table'"):
-        DatasetConfig(source="table", path="x", hub={"id": "a/b"})
+        TableDataset(path="x", hub={"id": "a/b"})

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from image_samples import png_bytes
 
-from flowpost.core.config.schema import DatasetConfig
-from flowpost.data.captioned import captioned_split, source_fingerprint
+from flowpost.core.config.schema import ImageFolderDataset
+from flowpost.data.captioned import captioned_split
+from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 
 
-def _config(root: Path, **fields) -> DatasetConfig:
-    return DatasetConfig(source="image-folder", path=str(root), **fields)
+def _config(root: Path, **fields) -> ImageFolderDataset:
+    return ImageFolderDataset(path=str(root), **fields)
 
 
 def test_metadata_jsonl_captions_and_extra_columns(image_folder) -> None:
@@ -62,10 +63,10 @@ def test_held_out_split_is_deterministic_by_item_and_disjoint(image_folder) -> N
 
 def test_fingerprint_follows_every_file_and_a_missing_folder_is_named(image_folder, tmp_path: Path) -> None:
     root = image_folder(3)
-    before = source_fingerprint(_config(root), where="datasets.pets")
-    assert source_fingerprint(_config(root), where="datasets.pets") == before
+    before = source_for(_config(root)).fingerprint(where="datasets.pets")
+    assert source_for(_config(root)).fingerprint(where="datasets.pets") == before
     (root / "01.png").write_bytes(png_bytes(99))
-    assert source_fingerprint(_config(root), where="datasets.pets") != before
+    assert source_for(_config(root)).fingerprint(where="datasets.pets") != before
     with pytest.raises(FlowpostError, match="does not exist") as info:
-        source_fingerprint(_config(tmp_path / "nowhere"), where="datasets.pets")
+        source_for(_config(tmp_path / "nowhere")).fingerprint(where="datasets.pets")
     assert info.value.where == "datasets.pets.path"

@@ -13,10 +13,11 @@ import pytest
 from image_samples import make_image_folder, png_bytes
 
 from flowpost.core.config.loading import validate_pipeline
-from flowpost.core.config.schema import DatasetConfig
+from flowpost.core.config.schema import PreferencePairsDataset
 from flowpost.core.io import read_json
-from flowpost.data.captioned import captioned_split, source_fingerprint
+from flowpost.data.captioned import captioned_split
 from flowpost.data.shards import read_pair_shards
+from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.runner import SOURCE_FILES, PipelineRun
@@ -24,8 +25,8 @@ from flowpost.tasks.runner import SOURCE_FILES, PipelineRun
 GRAY = {"preprocess": {"mode": "grayscale", "resolution": 8}}
 
 
-def _pairs(path: Path, **fields) -> DatasetConfig:
-    return DatasetConfig(source="preference-pairs", path=str(path), **{**GRAY, **fields})
+def _pairs(path: Path, **fields) -> PreferencePairsDataset:
+    return PreferencePairsDataset(path=str(path), **{**GRAY, **fields})
 
 
 def _pair_folder(root: Path, count: int = 6) -> Path:
@@ -111,15 +112,15 @@ def test_missing_rejected_images_are_config_errors_naming_the_setting(tmp_path: 
 
 def test_the_fingerprint_follows_every_image_a_table_or_folder_names(tmp_path: Path) -> None:
     root = _pair_folder(tmp_path / "pairs")
-    before = source_fingerprint(_pairs(root), where="d")
-    assert source_fingerprint(_pairs(root), where="d") == before
+    before = source_for(_pairs(root)).fingerprint(where="d")
+    assert source_for(_pairs(root)).fingerprint(where="d") == before
     (root / "rejected" / "02.png").write_bytes(png_bytes(77))
-    assert source_fingerprint(_pairs(root), where="d") != before
+    assert source_for(_pairs(root)).fingerprint(where="d") != before
     table = tmp_path / "prefs.csv"
     table.write_text("text,chosen,rejected\nx,pairs/chosen/00.png,pairs/rejected/01.png\n")
-    named = source_fingerprint(_pairs(table), where="d")
+    named = source_for(_pairs(table)).fingerprint(where="d")
     (root / "rejected" / "01.png").write_bytes(png_bytes(78))
-    assert source_fingerprint(_pairs(table), where="d") != named
+    assert source_for(_pairs(table)).fingerprint(where="d") != named
 
 
 def test_the_acquisition_is_cached_on_the_same_files_and_reruns_on_a_changed_one(tiny_pipeline, tmp_path) -> None:

@@ -7,7 +7,7 @@ import pytest
 from image_samples import png_bytes
 from PIL import Image
 
-from flowpost.core.config.schema import DatasetConfig, PreprocessConfig
+from flowpost.core.config.schema import DigitsDataset, ImageFolderDataset, PreprocessConfig
 from flowpost.data.preprocess import training_image
 
 
@@ -36,8 +36,8 @@ def test_center_crop_and_channels_follow_the_mode() -> None:
 
 def test_each_source_refuses_the_other_sources_fields() -> None:
     with pytest.raises(ValueError, match="image_size do not apply to source 'image-folder'"):
-        DatasetConfig(source="image-folder", path="x", image_size=16)
+        ImageFolderDataset(path="x", image_size=16)
     with pytest.raises(ValueError, match="preprocess do not apply to source 'builtin-digits'"):
-        DatasetConfig(source="builtin-digits", preprocess={"resolution": 8})
+        DigitsDataset(preprocess={"resolution": 8})
     with pytest.raises(ValueError, match="image_column do not apply"):
-        DatasetConfig(source="image-folder", path="x", image_column="img")
+        ImageFolderDataset(path="x", image_column="img")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from image_samples import make_image_folder, png_bytes
 
-from flowpost.core.config.schema import DatasetConfig
+from flowpost.core.config.schema import CaptionedDataset, ImageFolderDataset, dataset_config
 from flowpost.core.io import write_json_atomic
 from flowpost.data.captioned import captioned_split
 from flowpost.data.item_progress import item_progress
@@ -38,9 +38,7 @@ def _file_hashes(root: Path) -> dict[str, str]:
 
 def test_the_shipped_folder_acquires_to_the_bytes_the_record_list_path_wrote(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)  # the manifest records the path as given
-    config = DatasetConfig(
-        source="image-folder", path="tests/data/folder", preprocess={"mode": "grayscale"}, split={"eval": 0.3}
-    )
+    config = ImageFolderDataset(path="tests/data/folder", preprocess={"mode": "grayscale"}, split={"eval": 0.3})
     acquire_dataset(config, tmp_path / "out", where="datasets.shapes")
     assert _file_hashes(tmp_path / "out") == RECORD_LIST_HASHES
 
@@ -57,9 +55,9 @@ def test_many_shards_per_split_match_the_record_list_path(tmp_path: Path, source
     else:
         broken = make_image_folder(root, 23) / "05.png"
     broken.write_bytes(png_bytes()[:30])  # one bad item, counted alike
-    config = DatasetConfig(
-        source=source, path=str(root), preprocess={"resolution": 8}, split={"eval": 0.3}, max_bad_fraction=0.1
-    )
+    fields = {"preprocess": {"resolution": 8}, "split": {"eval": 0.3}, "max_bad_fraction": 0.1}
+    config = dataset_config({"source": source, "path": str(root), **fields})
+    assert isinstance(config, CaptionedDataset)
     manifest = acquire_images(config, tmp_path / "streamed", where="d", shard_size=3)
 
     split = captioned_split(config, where="d")  # the record-list path: every record in memory, then written
@@ -85,9 +83,9 @@ def _peak_bytes(action) -> int:
 
 
 def test_peak_memory_is_bounded_by_a_shard_not_the_source(tmp_path: Path) -> None:
-    def config(count: int) -> DatasetConfig:
+    def config(count: int) -> ImageFolderDataset:
         root = make_image_folder(tmp_path / f"n{count}", count)
-        return DatasetConfig(source="image-folder", path=str(root), preprocess={"resolution": 64}, split={"eval": 0.25})
+        return ImageFolderDataset(path=str(root), preprocess={"resolution": 64}, split={"eval": 0.25})
 
     small, large = config(12), config(48)
     streamed = [
@@ -103,7 +101,7 @@ def test_a_failure_past_max_bad_fraction_removes_the_shards_it_streamed(tmp_path
     root = make_image_folder(tmp_path / "folder", 8)
     for i in range(3):
         (root / f"z{i}.png").write_bytes(png_bytes()[:30])  # read last: good shards are written before the check
-    config = DatasetConfig(source="image-folder", path=str(root), split={"eval": 0.3})
+    config = ImageFolderDataset(path=str(root), split={"eval": 0.3})
     out = tmp_path / "node"
     (out / "train").mkdir(parents=True)
     (out / "train" / "shard-000099.tar").write_bytes(b"left by an earlier attempt")

@@ -9,13 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 from image_samples import png_bytes
 
-from flowpost.core.config.schema import DatasetConfig
-from flowpost.data.captioned import captioned_split, source_fingerprint
+from flowpost.core.config.schema import TableDataset
+from flowpost.data.captioned import captioned_split
+from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 
 
-def _config(path: Path, **fields) -> DatasetConfig:
-    return DatasetConfig(source="table", path=str(path), **fields)
+def _config(path: Path, **fields) -> TableDataset:
+    return TableDataset(path=str(path), **fields)
 
 
 def test_parquet_with_image_bytes_and_structs(tmp_path: Path) -> None:
@@ -42,9 +43,9 @@ def test_csv_with_paths_relative_to_the_table_and_its_fingerprint(tmp_path: Path
     table.write_text("image,text\npics/a.png,first\npics/b.png,second\n")
     split = captioned_split(_config(table, preprocess={"resolution": 8, "crop": "random"}), where="d")
     assert [r.prompt for r in split.train] == ["first", "second"] and split.train[0].image.shape == (3, 8, 8)
-    before = source_fingerprint(_config(table), where="d")
+    before = source_for(_config(table)).fingerprint(where="d")
     (tmp_path / "pics" / "b.png").write_bytes(png_bytes(1))
-    assert source_fingerprint(_config(table), where="d") != before  # an image the table names changed
+    assert source_for(_config(table)).fingerprint(where="d") != before  # an image the table names changed
 
 
 def test_a_missing_image_column_names_the_columns_and_the_setting(tmp_path: Path) -> None:

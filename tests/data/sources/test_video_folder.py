@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from media_samples import write_clip
 
-from flowpost.core.config.schema import DatasetConfig
+from flowpost.core.config.schema import ImageFolderDataset, VideoFolderDataset
 from flowpost.data.captioned import captioned_split
 from flowpost.data.shards import read_shards
 from flowpost.errors import FlowpostError
@@ -18,8 +18,8 @@ from flowpost.tasks.acquire import acquire_dataset
 FRAMES = {"frames": {"count": 4, "fps": 4}, "preprocess": {"resolution": 8, "mode": "grayscale"}}
 
 
-def _config(root: Path, **fields) -> DatasetConfig:
-    return DatasetConfig(source="video-folder", path=str(root), **{**FRAMES, **fields})
+def _config(root: Path, **fields) -> VideoFolderDataset:
+    return VideoFolderDataset(path=str(root), **{**FRAMES, **fields})
 
 
 def _two_clips(root: Path) -> Path:
@@ -110,6 +110,6 @@ def test_held_out_clips_are_disjoint_from_the_training_clips(tmp_path: Path) -> 
 
 def test_frames_apply_to_video_folder_only() -> None:
     with pytest.raises(ValueError, match="frames do not apply to source 'image-folder'.*video-folder"):
-        DatasetConfig(source="image-folder", path="x", frames={"count": 2})
-    assert "frames" not in DatasetConfig(source="image-folder", path="x").model_dump()
-    assert DatasetConfig(source="video-folder", path="x").model_dump()["frames"] == {"count": 8, "fps": 8.0}
+        ImageFolderDataset(path="x", frames={"count": 2})
+    assert "frames" not in ImageFolderDataset(path="x").model_dump()
+    assert VideoFolderDataset(path="x").model_dump()["frames"] == {"count": 8, "fps": 8.0}

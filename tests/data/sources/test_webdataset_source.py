@@ -15,8 +15,9 @@ from image_samples import png_bytes
 from media_samples import npy_bytes, write_shard
 from PIL import Image
 
-from flowpost.core.config.schema import DatasetConfig
-from flowpost.data.captioned import captioned_split, source_dependencies, source_fingerprint
+from flowpost.core.config.schema import WebShardsDataset
+from flowpost.data.captioned import captioned_split, source_dependencies
+from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 
 
@@ -30,8 +31,8 @@ class _Marker:
         return (Path.touch, (self.path,))
 
 
-def _config(shards: str | list[str], **fields) -> DatasetConfig:
-    return DatasetConfig(source="webdataset", shards=shards, **{"preprocess": {"resolution": 8}, **fields})
+def _config(shards: str | list[str], **fields) -> WebShardsDataset:
+    return WebShardsDataset(shards=shards, **{"preprocess": {"resolution": 8}, **fields})
 
 
 def _samples(start: int, count: int) -> list[dict]:
@@ -70,10 +71,10 @@ def test_a_list_of_fsspec_urls_and_configured_keys_with_the_caption_in_json(tmp_
     assert [(r.prompt, r.metadata) for r in split.train] == [("j0", {"n": 0}), ("j1", {"n": 1}), ("j2", {"n": 2})]
     assert source_dependencies(config, where="d") == [str(local)]  # DVC tracks what it can read
 
-    before = source_fingerprint(config, where="d")
+    before = source_for(config).fingerprint(where="d")
     with fsspec.open("memory://bucket/b.tar", "wb") as handle:
         handle.write(write_shard(tmp_path / "c.tar", samples[:1]).read_bytes())
-    assert source_fingerprint(config, where="d") != before
+    assert source_for(config).fingerprint(where="d") != before
 
 
 def _jpeg() -> bytes:
@@ -127,17 +128,17 @@ def test_a_truncated_or_missing_shard_is_named(tmp_path: Path) -> None:
         captioned_split(_config(str(shard)), where="datasets.web")
     assert info.value.where == "datasets.web.shards"
     with pytest.raises(FlowpostError, match="gone.tar does not exist"):
-        source_fingerprint(_config(str(tmp_path / "gone.tar")), where="d")
+        source_for(_config(str(tmp_path / "gone.tar"))).fingerprint(where="d")
 
 
 def test_held_out_split_and_local_fingerprint(tmp_path: Path) -> None:
     shard = write_shard(tmp_path / "s.tar", _samples(0, 40))
     split = captioned_split(_config(str(shard), split={"eval": 0.25}), where="d")
     assert 0 < len(split.eval) < 40 and not {r.prompt for r in split.eval} & {r.prompt for r in split.train}
-    before = source_fingerprint(_config(str(shard)), where="d")
-    assert source_fingerprint(_config(str(shard)), where="d") == before
+    before = source_for(_config(str(shard))).fingerprint(where="d")
+    assert source_for(_config(str(shard))).fingerprint(where="d") == before
     write_shard(shard, _samples(1, 40))
-    assert source_fingerprint(_config(str(shard)), where="d") != before
+    assert source_for(_config(str(shard))).fingerprint(where="d") != before
 
 
 def test_only_image_text_json_and_npy_members_can_be_keys() -> None:
@@ -146,4 +147,4 @@ def test_only_image_text_json_and_npy_members_can_be_keys() -> None:
     with pytest.raises(ValueError, match="pickle: only members ending in txt, json"):
         _config("s.tar", caption_keys=["pickle"])
     with pytest.raises(ValueError, match="reads 'shards'"):
-        DatasetConfig(source="webdataset")
+        WebShardsDataset()

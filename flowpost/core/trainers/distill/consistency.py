@@ -19,10 +19,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from flowpost.core.callbacks.ema import EMA_SNAPSHOT
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.substeps import per_sample
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import DatasetArguments
 from flowpost.core.trainers.dataset import DatasetTrainer
 from flowpost.core.trainers.distill.teacher import capture_teacher, condition_states, teacher_ode
@@ -58,6 +58,7 @@ class ConsistencyTrainer(DatasetTrainer):
 
     Arguments = ConsistencyArguments
     args: ConsistencyArguments
+    captured_snapshots = {Snapshot.TEACHER: None}  # the ema target is the EMA callback's
 
     def setup(self) -> None:
         where = f"stages.{self.stage}.data"
@@ -82,7 +83,7 @@ class ConsistencyTrainer(DatasetTrainer):
 
     def _target_weights(self) -> contextlib.AbstractContextManager:
         if self.args.target_weights == "ema":
-            return self.adapter.use_snapshot(EMA_SNAPSHOT)
+            return self.adapter.use_snapshot(Snapshot.EMA)
         return contextlib.nullcontext()
 
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Tensor]:

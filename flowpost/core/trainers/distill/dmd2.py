@@ -25,6 +25,7 @@ from torch import Tensor
 
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.roles import RoleAdapters
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.distill.distribution_matching import (
     dmd_generator_loss,
     dmd_gradient,
@@ -40,9 +41,9 @@ from flowpost.core.trainers.distill.scores import (
     ScorePair,
 )
 from flowpost.core.trainers.distill.student_states import student_states
-from flowpost.core.trainers.distill.teacher import TEACHER
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import flow_matching_loss, noised
+from flowpost.core.trainers.objective import Metrics, Objective, accumulate
 from flowpost.core.trainers.rl.rollout import Rollout
 from flowpost.core.trainers.role_plan import RoleUpdatePlan
 from flowpost.errors import FlowpostError
@@ -86,6 +87,7 @@ class DMD2Trainer(GenerationTrainer):
     Arguments = DMD2Arguments
     args: DMD2Arguments
     required_trainable_roles: ClassVar[tuple[str, ...]] = (GENERATOR, FAKE_SCORE)
+    captured_snapshots = {Snapshot.TEACHER: None}
     keeps_rollout_states = True
 
     def setup(self) -> None:
@@ -95,7 +97,7 @@ class DMD2Trainer(GenerationTrainer):
                 "the few-step generator samples with the ODE over all its steps; set dynamics: ode and no window",
                 where=where,
             )
-        self.adapter.snapshots.capture(TEACHER, self.adapter.module())  # model.init is checked at load
+        self.adapter.snapshots.capture(Snapshot.TEACHER, self.adapter.module())  # model.init is checked at load
         self.scores = ScorePair(self.adapter, self.args.real_guidance)
         self.plan = RoleUpdatePlan(((FAKE_SCORE, self.args.ttur), (GENERATOR, 1)))
         self.conditions = self.inputs.require("conditions", where=f"stages.{self.stage}.data")
@@ -116,7 +118,7 @@ class DMD2Trainer(GenerationTrainer):
                 "or remove train.gan",
                 where=where,
             )
-        if self.parallel.name == "sharded":
+        if self.parallel.name == "fsdp2":
             raise FlowpostError(
                 "the GAN head is not sharded; use launch.backend ddp or remove train.gan",
                 where=f"stages.{self.stage}.launch.backend",
@@ -134,7 +136,7 @@ class DMD2Trainer(GenerationTrainer):
     def sample(self) -> Rollout:
         return self.generate()
 
-    def optimize(self, samples: Rollout) -> dict[str, float]:
+    def optimize(self, samples: Rollout) -> Metrics:
         return self.train_roles_on_rollout(
             samples, self.plan, {FAKE_SCORE: self.fake_score_loss, GENERATOR: self.generator_loss}
         )
@@ -142,26 +144,26 @@ class DMD2Trainer(GenerationTrainer):
     def draws(self, batch: Rollout, tag: str) -> UpdateDraws:
         return UpdateDraws(self.spec.seed, self.stage, self.progress.rollout_iteration, batch, tag)
 
-    def fake_score_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
-        """Backpropagate ``fake_score_objective`` (plus the weighted discriminator loss) times ``scale``."""
+    def fake_score_loss(self, batch: Rollout, scale: float, tag: str) -> Objective:
+        """``fake_score_objective`` (plus the weighted discriminator loss) times ``scale``, as one part."""
         loss = self.fake_score_objective(batch, tag)
         if self.gan is None:
-            self.backward(loss * scale)
-            return {"loss": float(loss.detach())}
+            yield loss * scale
+            return {"loss": loss.detach()}
         gan = self.discriminator_objective(batch, tag)
         total = loss + self.gan.discriminator_weight * gan
-        self.backward(total * scale)
-        return {"loss": float(total.detach()), "flow_matching": float(loss.detach()), "gan": float(gan.detach())}
+        yield total * scale
+        return {"loss": total.detach(), "flow_matching": loss.detach(), "gan": gan.detach()}
 
-    def generator_loss(self, batch: Rollout, scale: float, tag: str) -> dict[str, float]:
-        """Backpropagate each of ``generator_objectives`` times ``scale``; their summed value."""
-        total = 0.0
+    def generator_loss(self, batch: Rollout, scale: float, tag: str) -> Objective:
+        """Each of ``generator_objectives`` times ``scale``, one part each; their summed value."""
+        total: Metrics = {"loss": 0.0}
         for loss in self.generator_objectives(batch, tag):
-            self.backward(loss * scale)
-            total += float(loss.detach())
+            accumulate(total, {"loss": loss})
+            yield loss * scale
         if self.gan is not None:  # the GAN loss reached the fake score and its head too: not theirs to keep
             self.roles[FAKE_SCORE].zero_grad(set_to_none=True)
-        return {"loss": total}
+        return total
 
     def negative_state(self, rows: int) -> ConditionState | None:
         """The null-prompt condition state for the teacher's guidance (None without guidance)."""

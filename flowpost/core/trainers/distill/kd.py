@@ -27,7 +27,7 @@ class KDArguments(DatasetArguments):
     """``train:`` of a KD stage; the student's steps are the trajectories' (``datasets.*.trajectories.steps``)."""
 
     paradigm: ClassVar[Paradigm] = Paradigm.DISTILLATION
-    reads_trajectories: ClassVar[bool] = True  # its dataset is a teacher-trajectories source
+    reads_trajectories: ClassVar[bool] = True
 
 
 def kd_loss(student_velocity: Tensor, state: Tensor, sigma: Tensor, teacher_x0: Tensor) -> Tensor:

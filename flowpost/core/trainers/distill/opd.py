@@ -24,9 +24,11 @@ from torch import Tensor
 from flowpost.core.contracts import ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT, ExecutionContract, Paradigm
 from flowpost.core.sampling.sde import sde_step
 from flowpost.core.sampling.substeps import per_sample
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.distill.teacher import capture_teacher, condition_states, teacher_velocity
 from flowpost.core.trainers.generation import GenerationTrainer
+from flowpost.core.trainers.objective import Metrics, Objective
 from flowpost.core.trainers.rl.rollout import Rollout
 
 OPDTarget = Literal["xt", "v", "x0"]
@@ -103,6 +105,7 @@ class OPDTrainer(GenerationTrainer):
 
     Arguments = OPDArguments
     args: OPDArguments
+    captured_snapshots = {Snapshot.TEACHER: None}
     keeps_rollout_states: ClassVar[bool] = True
 
     def setup(self) -> None:
@@ -113,11 +116,11 @@ class OPDTrainer(GenerationTrainer):
     def sample(self) -> Rollout:
         return self.generate()
 
-    def optimize(self, samples: Rollout) -> dict[str, float]:
+    def optimize(self, samples: Rollout) -> Metrics:
         return self.train_on_rollout(samples, self.loss)
 
-    def loss(self, batch: Rollout, scale: float) -> dict[str, float]:
-        """Backpropagate the mean OPD loss of one micro-batch over its visited steps; return metrics."""
+    def loss(self, batch: Rollout, scale: float) -> Objective:
+        """The mean OPD loss of one micro-batch over its visited steps (one part); its metrics."""
         args, sampling, device = self.args, self.sampling, self.accelerator.device
         x, sigma, sigma_next = trained_states(batch, self.grid)
         x = x.to(device)
@@ -157,5 +160,5 @@ class OPDTrainer(GenerationTrainer):
             self_normalize=args.self_normalize,
         )
         loss = per_row.mean()
-        self.backward(loss * scale)
-        return {"loss": float(loss.detach()), "velocity_gap": float((v_student.detach() - v_teacher).abs().mean())}
+        yield loss * scale
+        return {"loss": loss.detach(), "velocity_gap": (v_student.detach() - v_teacher).abs().mean()}

@@ -13,9 +13,9 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionState
 from flowpost.core.contracts import ONLINE_NO_FEEDBACK_EXECUTION_CONTRACT, ExecutionContract, Paradigm
 from flowpost.core.models.base import ModelAdapter
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.distill.distribution_matching import x0_from_velocity
-from flowpost.core.trainers.distill.teacher import TEACHER
 
 GENERATOR = "generator"
 FAKE_SCORE = "fake_score"
@@ -49,7 +49,7 @@ class ScorePair:
 
     @torch.no_grad()
     def real_x0(self, x: Tensor, sigma: Tensor, state: ConditionState, negative: ConditionState | None) -> Tensor:
-        with self.adapter.use_snapshot(TEACHER):
+        with self.adapter.use_snapshot(Snapshot.TEACHER):
             velocity = self.adapter.forward(x, sigma, state, guidance=self.guidance, negative=negative)
         return x0_from_velocity(x, sigma, velocity)
 

@@ -8,10 +8,9 @@ from torch import Tensor
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.sampling.substeps import per_sample, solve_ode
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.inputs import ConditionTable
 from flowpost.errors import FlowpostError
-
-TEACHER = "teacher"
 
 
 def capture_teacher(adapter: ModelAdapter, *, init_from: str | None, stage: str) -> None:
@@ -24,7 +23,7 @@ def capture_teacher(adapter: ModelAdapter, *, init_from: str | None, stage: str)
             "distillation needs a teacher: the weights the stage starts from; set model.init to a trained stage",
             where=f"stages.{stage}.model.init",
         )
-    adapter.snapshots.capture(TEACHER, adapter.module())
+    adapter.snapshots.capture(Snapshot.TEACHER, adapter.module())
 
 
 def condition_states(
@@ -61,7 +60,7 @@ def teacher_ode(
     negative: ConditionState | None = None,
 ) -> Tensor:
     """The teacher snapshot's ODE from ``sigma`` to ``sigma_next`` (``substeps`` Euler steps), no gradient."""
-    with adapter.use_snapshot(TEACHER):
+    with adapter.use_snapshot(Snapshot.TEACHER):
         return solve_ode(
             adapter, sample, sigma, sigma_next, state, substeps=substeps, guidance=guidance, negative=negative
         )
@@ -85,7 +84,7 @@ def teacher_velocity(
     take to land where the teacher's finer steps do.
     """
     if substeps == 1:
-        with torch.no_grad(), adapter.use_snapshot(TEACHER):
+        with torch.no_grad(), adapter.use_snapshot(Snapshot.TEACHER):
             return adapter.forward(sample, sigma, state, guidance=guidance, negative=negative).float()
     landed = teacher_ode(
         adapter, sample, sigma, sigma_next, state, substeps=substeps, guidance=guidance, negative=negative

@@ -11,6 +11,7 @@ from pydantic import Field
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import DatasetArguments
 from flowpost.core.trainers.dataset import DatasetTrainer
 from flowpost.core.trainers.inputs import BatchLoader
@@ -23,8 +24,6 @@ from flowpost.core.trainers.preference import (
     preference_margin,
 )
 from flowpost.errors import FlowpostError
-
-REFERENCE = "ref"
 
 
 class OfflineDPOArguments(DatasetArguments):
@@ -50,6 +49,7 @@ class OfflineDPOTrainer(DatasetTrainer):
 
     Arguments = OfflineDPOArguments
     args: OfflineDPOArguments
+    captured_snapshots = {Snapshot.REFERENCE: None}
 
     def setup(self) -> None:
         where = f"stages.{self.stage}"
@@ -62,7 +62,7 @@ class OfflineDPOTrainer(DatasetTrainer):
             )
         self.conditions = self.inputs.require("conditions", where=f"{where}.data")
         self.loader_factory = self.inputs.require("preferences", where=f"{where}.data.dataset")
-        self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+        self.adapter.snapshots.capture(Snapshot.REFERENCE, self.adapter.module())
 
     def build_loader(self) -> BatchLoader:
         return self.loader_factory(
@@ -92,7 +92,7 @@ class OfflineDPOTrainer(DatasetTrainer):
             noise=noise,
             sigma=sigma.to(device),
             conditions=self.conditions.lookup(list(batch["prompt"])),
-            reference=REFERENCE,
+            reference=Snapshot.REFERENCE,
         )
         (policy_w, policy_l), (ref_w, ref_l) = errors.policy, errors.reference
         margin = preference_margin(policy_w, policy_l, ref_w, ref_l)
@@ -101,7 +101,7 @@ class OfflineDPOTrainer(DatasetTrainer):
         return {
             "loss": preference_loss(margin, beta=args.beta, loss_type=args.loss_type).mean(),
             "margin": detached.mean(),
-            "implicit_accuracy": torch.tensor(implicit_accuracy(detached)),
+            "implicit_accuracy": implicit_accuracy(detached),
             "reward_chosen": reward_w.mean(),
             "reward_rejected": reward_l.mean(),
             "reward_margin": (reward_w - reward_l).mean(),

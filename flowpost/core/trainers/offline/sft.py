@@ -38,9 +38,10 @@ class SFTArguments(DatasetArguments):
     def for_family(cls, train: dict[str, Any], family: str) -> dict[str, Any]:
         """No caption dropout by default for a guidance-distilled family (FLUX.1), which samples without
         classifier-free guidance; an explicit ``cfg_dropout`` is kept, with a warning when it drops captions."""
-        from flowpost.core.models.registry import FAMILIES, adapter_class
+        from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
 
-        if family not in FAMILIES or not adapter_class(family).guidance_distilled:  # an unknown one: the stage checks
+        # a family that cannot be loaded is left to the stage's checks, which name it
+        if FAMILY_REGISTRY.problem(family, where="model.family") or not adapter_class(family).guidance_distilled:
             return train
         if "cfg_dropout" not in train:
             return {**train, "cfg_dropout": 0.0}

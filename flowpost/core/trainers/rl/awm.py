@@ -11,15 +11,15 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionState
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_rand, addressed_randn
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import matching_error, noised, velocity_mse
+from flowpost.core.trainers.objective import Metrics, Objective, accumulate
 from flowpost.core.trainers.rl.grpo import ppo_clip_loss
 from flowpost.core.trainers.rl.rollout import Rollout
 from flowpost.errors import FlowpostError
 
-REFERENCE = "ref"
-ANCHOR = "anchor"
 Weighting = Literal["uniform", "t", "t2", "huber", "ghuber"]
 
 
@@ -81,7 +81,8 @@ class AWMTrainer(GenerationTrainer):
 
     Arguments = AWMArguments
     args: AWMArguments
-    _first_ratio_error: float | None = None
+    captured_snapshots = {Snapshot.REFERENCE: "kl_beta", Snapshot.ANCHOR: "ema_kl_beta"}
+    _first_ratio_error: Tensor | None = None
 
     def setup(self) -> None:
         args, steps = self.args, self.sampling.steps
@@ -95,18 +96,19 @@ class AWMTrainer(GenerationTrainer):
         self.sigma_table = self.adapter.inference_sigmas(steps)
         self.old_log_probs: dict[int, Tensor] = {}
         if args.kl_beta > 0:
-            self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+            self.adapter.snapshots.capture(Snapshot.REFERENCE, self.adapter.module())
         if args.ema_kl_beta > 0:
-            self.adapter.snapshots.capture(ANCHOR, self.adapter.module())
+            self.adapter.snapshots.capture(Snapshot.ANCHOR, self.adapter.module())
 
     def sample(self) -> Rollout:
         return self.generate()
 
-    def optimize(self, samples: Rollout) -> dict[str, float]:
+    def optimize(self, samples: Rollout) -> Metrics:
         self.old_log_probs = self.sampling_log_probs(samples)
         self._first_ratio_error = None
         metrics = self.train_on_rollout(samples, lambda batch, scale: self.awm_loss(batch, scale=scale))
-        return metrics | {"on_policy_ratio_error": self._first_ratio_error or 0.0}
+        first = self._first_ratio_error
+        return metrics | {"on_policy_ratio_error": 0.0 if first is None else first}
 
     def _after_acquisition_cycle(self) -> dict[str, float]:
         args = self.args
@@ -114,7 +116,7 @@ class AWMTrainer(GenerationTrainer):
             decay = anchor_decay(
                 self.progress.optimizer_step, ramp=args.ema_anchor_ramp, max_decay=args.ema_anchor_decay
             )
-            self.adapter.snapshots.ema_update(ANCHOR, self.adapter.module(), decay)
+            self.adapter.snapshots.ema_update(Snapshot.ANCHOR, self.adapter.module(), decay)
         return {}
 
     def training_points(self, batch: Rollout) -> tuple[Tensor, list[Tensor]]:
@@ -170,8 +172,8 @@ class AWMTrainer(GenerationTrainer):
         with torch.no_grad(), self.adapter.use_snapshot(name):
             return self.adapter.velocity(x, sigma, state)
 
-    def awm_loss(self, batch: Rollout, *, scale: float) -> dict[str, float]:
-        """Backpropagate one micro-batch's AWM loss, one backward per trained timestep; return metrics."""
+    def awm_loss(self, batch: Rollout, *, scale: float) -> Objective:
+        """One micro-batch's AWM loss, one part per trained timestep; its metrics."""
         assert batch.advantages is not None
         args, device = self.args, self.accelerator.device
         x0 = batch.final.to(device)
@@ -180,13 +182,13 @@ class AWMTrainer(GenerationTrainer):
         old = torch.stack([self.old_log_probs[i] for i in batch.indices.tolist()]).to(device)
         advantages = args.advantage_scale * batch.advantages.to(device).double() / args.advantage_clip
         count = len(noises)
-        totals = dict.fromkeys(("loss", "policy_loss", "kl", "ema_kl", "clip_fraction", "ratio_deviation"), 0.0)
+        totals: Metrics = {}
         deviations = []
         for k, noise in enumerate(noises):
             sigma = sigmas[:, k]
             x = noised(x0, noise, sigma)
-            v_ref = self._snapshot_velocity(REFERENCE, x, sigma, state) if args.kl_beta > 0 else None
-            v_anchor = self._snapshot_velocity(ANCHOR, x, sigma, state) if args.ema_kl_beta > 0 else None
+            v_ref = self._snapshot_velocity(Snapshot.REFERENCE, x, sigma, state) if args.kl_beta > 0 else None
+            v_anchor = self._snapshot_velocity(Snapshot.ANCHOR, x, sigma, state) if args.ema_kl_beta > 0 else None
             velocity = self.adapter.velocity(x, sigma, state)
             log_prob = self._log_prob(velocity, noise, x0, sigma)
             deviation = (torch.exp(log_prob.detach() - old[:, k]) - 1).abs()
@@ -194,17 +196,17 @@ class AWMTrainer(GenerationTrainer):
             kl = velocity_mse(velocity, v_ref).mean() if v_ref is not None else policy.new_zeros(())
             ema_kl = velocity_mse(velocity, v_anchor).mean() if v_anchor is not None else policy.new_zeros(())
             loss = policy + args.kl_beta * kl + args.ema_kl_beta * ema_kl
-            self.backward(loss * (scale / count))
-            deviations.append(float(deviation.max()))
-            for key, value in (
-                ("loss", loss),
-                ("policy_loss", policy),
-                ("kl", kl),
-                ("ema_kl", ema_kl),
-                ("clip_fraction", (deviation > args.clip_range).float().mean()),
-                ("ratio_deviation", deviation.mean()),
-            ):
-                totals[key] += float(value.detach()) / count
+            deviations.append(deviation.max())
+            step = {
+                "loss": loss,
+                "policy_loss": policy,
+                "kl": kl,
+                "ema_kl": ema_kl,
+                "clip_fraction": (deviation > args.clip_range).float().mean(),
+                "ratio_deviation": deviation.mean(),
+            }
+            accumulate(totals, step, divisor=count)
+            yield loss * (scale / count)
         if self._first_ratio_error is None:
-            self._first_ratio_error = max(deviations)
+            self._first_ratio_error = torch.stack(deviations).max()
         return totals

@@ -36,9 +36,9 @@ class DPPOTrainer(GRPOTrainer):
 
     def policy_loss(
         self, out: StepOutput, batch: Rollout, i: int, advantages: Tensor
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         device = out.log_prob.device
         ratio = torch.exp(out.log_prob - batch.log_probs[:, i].to(device))
         kl = gaussian_kl_mean(out.mean.detach(), batch.means[:, i].to(device), out.std)
         mask = trust_region_mask(ratio.detach(), advantages, kl, self.args.trust_region)
-        return (-advantages * ratio * mask).mean(), {"masked_fraction": float(1.0 - mask.mean())}
+        return (-advantages * ratio * mask).mean(), {"masked_fraction": 1.0 - mask.mean()}

@@ -12,11 +12,11 @@ from flowpost.core.advantages import zero_advantage_fraction
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.contracts import Paradigm
 from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, noise_scale, sde_step
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
+from flowpost.core.trainers.objective import Metrics, Objective, accumulate
 from flowpost.core.trainers.rl.rollout import Rollout
-
-REFERENCE = "ref"
 
 
 class CoupledArguments(OnlineArguments):
@@ -68,20 +68,21 @@ class GRPOTrainer(GenerationTrainer):
 
     Arguments: ClassVar[type[CoupledArguments]] = GRPOArguments
     args: CoupledArguments
+    captured_snapshots = {Snapshot.REFERENCE: "kl_beta"}
 
     def setup(self) -> None:
         if self.args.kl_beta > 0:
-            self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+            self.adapter.snapshots.capture(Snapshot.REFERENCE, self.adapter.module())
 
     def sample(self) -> Rollout:
         return self.generate()
 
-    def optimize(self, samples: Rollout) -> dict[str, float]:
+    def optimize(self, samples: Rollout) -> Metrics:
         kept = 1.0
         if self.args.zero_advantage == "drop":
             assert samples.advantages is not None
             gathered = self.accelerator.gather(samples.advantages.to(self.accelerator.device))
-            kept = 1.0 - zero_advantage_fraction(gathered)
+            kept = 1.0 - zero_advantage_fraction(gathered)  # once per rollout: whether anything trains
         return self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale, kept=kept))
 
     def _condition_states(self, batch: Rollout) -> tuple[ConditionState, ConditionState | None]:
@@ -126,8 +127,8 @@ class GRPOTrainer(GenerationTrainer):
         chunks = [self._replay_steps(batch, steps, state, negative)[1].log_prob for steps in self._step_chunks(batch)]
         return torch.cat(chunks).view(len(batch.steps), len(batch)).T
 
-    def replay_loss(self, batch: Rollout, *, scale: float, kept: float = 1.0) -> dict[str, float]:
-        """Backpropagate the GRPO loss of one micro-batch over its stored steps; return metrics.
+    def replay_loss(self, batch: Rollout, *, scale: float, kept: float = 1.0) -> Objective:
+        """The GRPO loss of one micro-batch over its stored steps, one part per replay pass; its metrics.
 
         With ``zero_advantage: drop``, ``kept`` is the fraction of the gathered rollout with a nonzero
         advantage: zero-advantage rows leave every term and the others weigh ``1 / kept``, so the
@@ -141,10 +142,10 @@ class GRPOTrainer(GenerationTrainer):
         weight = 1.0 / kept if kept > 0 else 0.0
         rows_kept = advantages != 0 if args.zero_advantage == "drop" else torch.ones_like(advantages, dtype=torch.bool)
         count = len(batch.steps)
-        totals: dict[str, float] = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0}
+        totals: Metrics = {}
         for steps in self._step_chunks(batch):
             if args.kl_beta > 0:
-                with torch.no_grad(), self.adapter.use_snapshot(REFERENCE):
+                with torch.no_grad(), self.adapter.use_snapshot(Snapshot.REFERENCE):
                     v_ref, ref = self._replay_steps(batch, steps, state, negative)
             velocity, out = self._replay_steps(batch, steps, state, negative)
             chunk_loss = torch.zeros((), device=device)
@@ -162,12 +163,8 @@ class GRPOTrainer(GenerationTrainer):
                     kl = (kl_rows * rows_kept).mean() * weight
                 loss = policy + args.kl_beta * kl
                 chunk_loss = chunk_loss + loss
-                totals["loss"] += float(loss.detach()) / count
-                totals["policy_loss"] += float(policy.detach()) / count
-                totals["kl"] += float(kl.detach()) / count
-                for key, value in extra.items():
-                    totals[key] = totals.get(key, 0.0) + value / count
-            self.backward(chunk_loss * scale / count)
+                accumulate(totals, {"loss": loss, "policy_loss": policy, "kl": kl, **extra}, divisor=count)
+            yield chunk_loss * scale / count
         return totals
 
     def _kl_std(self, out: StepOutput, batch: Rollout, i: int) -> Tensor:
@@ -179,10 +176,10 @@ class GRPOTrainer(GenerationTrainer):
 
     def policy_loss(
         self, out: StepOutput, batch: Rollout, i: int, advantages: Tensor
-    ) -> tuple[Tensor, dict[str, float]]:
-        """PPO-clip on stored step ``i``; returns the loss and per-step metrics."""
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """PPO-clip on stored step ``i``; returns the loss and per-step metrics (device tensors)."""
         old = batch.log_probs[:, i].to(out.log_prob.device)
         clip = self.args.clip_range  # type: ignore[attr-defined]
         ratio = torch.exp(out.log_prob.detach() - old)
-        clipped = float(((ratio - 1).abs() > clip).float().mean())
+        clipped = ((ratio - 1).abs() > clip).float().mean()
         return ppo_clip_loss(out.log_prob, old, advantages, clip), {"clip_fraction": clipped}

@@ -40,7 +40,7 @@ class GRPOGuardTrainer(GRPOTrainer):
 
     def policy_loss(
         self, out: StepOutput, batch: Rollout, i: int, advantages: Tensor
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         device = out.log_prob.device
         ratio = normalized_ratio(
             out.log_prob, batch.log_probs[:, i].to(device), out.mean, batch.means[:, i].to(device), out.std
@@ -48,6 +48,6 @@ class GRPOGuardTrainer(GRPOTrainer):
         clip = self.args.clip_range
         loss = torch.maximum(-advantages * ratio, -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)).mean()
         if self.args.reweight_by_step:
-            loss = loss / float(batch.sigmas[i] - batch.sigmas_next[i])
-        clipped = float(((ratio.detach() - 1).abs() > clip).float().mean())
+            loss = loss / float(batch.sigmas[i] - batch.sigmas_next[i])  # the rollout's sigmas: host values
+        clipped = ((ratio.detach() - 1).abs() > clip).float().mean()
         return loss, {"clip_fraction": clipped}

@@ -18,13 +18,12 @@ from torch import Tensor
 
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_generator, addressed_randn
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import noised, velocity_mse
+from flowpost.core.trainers.objective import Metrics, Objective, accumulate
 from flowpost.core.trainers.rl.rollout import Rollout
-
-OLD = "old"
-REFERENCE = "ref"
 
 
 class NFTArguments(OnlineArguments):
@@ -101,27 +100,28 @@ class NFTTrainer(GenerationTrainer):
 
     Arguments = NFTArguments
     args: NFTArguments
+    captured_snapshots = {Snapshot.OLD: None, Snapshot.REFERENCE: "kl_beta"}
 
     def setup(self) -> None:
         module = self.adapter.module()
-        self.adapter.snapshots.capture(OLD, module)
+        self.adapter.snapshots.capture(Snapshot.OLD, module)
         if self.args.kl_beta > 0:
-            self.adapter.snapshots.capture(REFERENCE, module)
+            self.adapter.snapshots.capture(Snapshot.REFERENCE, module)
         self._passes: Counter[int] = Counter()
 
     def sample(self) -> Rollout:
         if self.args.rollout_policy == "live":
             return self.generate()
-        with self.adapter.use_snapshot(OLD):
+        with self.adapter.use_snapshot(Snapshot.OLD):
             return self.generate()
 
-    def optimize(self, samples: Rollout) -> dict[str, float]:
+    def optimize(self, samples: Rollout) -> Metrics:
         self._passes = Counter()
         return self.train_on_rollout(samples, self.loss)
 
     def _after_acquisition_cycle(self) -> dict[str, float]:
         decay = old_decay(self.args.old_decay, self.progress.optimizer_step)
-        self.adapter.snapshots.ema_update(OLD, self.adapter.module(), decay)
+        self.adapter.snapshots.ema_update(Snapshot.OLD, self.adapter.module(), decay)
         return {"old_decay": decay}
 
     def trained_sigmas(self, batch: Rollout) -> Tensor:
@@ -137,8 +137,8 @@ class NFTTrainer(GenerationTrainer):
             rows.append(sigmas[torch.randperm(len(sigmas), generator=generator)[:count]])
         return torch.stack(rows)
 
-    def loss(self, batch: Rollout, scale: float) -> dict[str, float]:
-        """Backpropagate the NFT loss of one micro-batch, one backward per trained step; return metrics."""
+    def loss(self, batch: Rollout, scale: float) -> Objective:
+        """The NFT loss of one micro-batch, one part per trained step; its metrics."""
         assert batch.advantages is not None
         args, device = self.args, self.accelerator.device
         x0 = batch.final.to(device)
@@ -149,7 +149,7 @@ class NFTTrainer(GenerationTrainer):
         address = {"seed": self.spec.seed, "stage": self.stage, "step": self.progress.rollout_iteration}
         indices = batch.indices.tolist()
         passes = [self._passes[i] for i in indices]
-        totals = {"loss": 0.0, "nft_loss": 0.0, "kl": 0.0, "r_mean": float(r.mean())}
+        totals: Metrics = {}
         for j in range(steps):
             noise = torch.cat(
                 [
@@ -160,19 +160,18 @@ class NFTTrainer(GenerationTrainer):
             sigma = sigmas[:, j]
             x_t = noised(x0, noise, sigma)
             # snapshots are swapped in place, so their forwards precede the graph of the live one
-            with torch.no_grad(), self.adapter.use_snapshot(OLD):
+            with torch.no_grad(), self.adapter.use_snapshot(Snapshot.OLD):
                 v_old = self.adapter.velocity(x_t, sigma, state)
             v_ref = None
             if args.kl_beta > 0:
-                with torch.no_grad(), self.adapter.use_snapshot(REFERENCE):
+                with torch.no_grad(), self.adapter.use_snapshot(Snapshot.REFERENCE):
                     v_ref = self.adapter.velocity(x_t, sigma, state)
             velocity = self.adapter.velocity(x_t, sigma, state)
             policy = args.advantage_clip * nft_loss(velocity, v_old, x_t, x0, sigma, r, beta=args.beta).mean()
             kl = velocity_mse(velocity, v_ref).mean() if v_ref is not None else torch.zeros((), device=device)
             loss = policy + args.kl_beta * kl
-            self.backward(loss * scale / steps)
-            totals["loss"] += float(loss.detach()) / steps
-            totals["nft_loss"] += float(policy.detach()) / steps
-            totals["kl"] += float(kl.detach()) / steps
+            accumulate(totals, {"loss": loss, "nft_loss": policy, "kl": kl}, divisor=steps)
+            yield loss * scale / steps
         self._passes.update(indices)
+        accumulate(totals, {"r_mean": r.mean()})
         return totals

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -12,9 +12,11 @@ from torch import Tensor
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.schedules import logit_normal_sigmas
+from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import velocity_mse
+from flowpost.core.trainers.objective import Metrics, Objective, accumulate
 from flowpost.core.trainers.paired_errors import paired_errors
 from flowpost.core.trainers.preference import (
     LossType,
@@ -25,8 +27,6 @@ from flowpost.core.trainers.preference import (
 )
 from flowpost.core.trainers.rl.rollout import Rollout
 from flowpost.errors import FlowpostError
-
-REFERENCE = "ref"
 
 
 class OnlineDPOArguments(OnlineArguments):
@@ -57,11 +57,13 @@ class PreferencePairs(Rollout):
     valid: Tensor | None = None
 
 
-def preference_pairs(samples: Rollout) -> PreferencePairs:
-    """One pair per group of a scored rollout: argmax reward (chosen) against argmin (rejected)."""
-    if samples.rewards is None:
+def preference_pairs(samples: Rollout, *, ranked_by: Literal["rewards", "advantages"] = "rewards") -> PreferencePairs:
+    """One pair per group of a scored rollout: the argmax (chosen) against the argmin (rejected) of its
+    weighted reward sum, or of its advantage (per-reward normalisation ranks by the combined advantage)."""
+    scores = samples.rewards if ranked_by == "rewards" else samples.advantages
+    if samples.rewards is None or scores is None:
         raise ValueError("preference pairs need a scored rollout")
-    chosen, rejected, valid = group_pairs(samples.rewards, samples.group_ids)
+    chosen, rejected, valid = group_pairs(scores, samples.group_ids)
     picked = samples.select(chosen)
     index = torch.as_tensor(rejected, dtype=torch.long)
     return PreferencePairs(
@@ -82,6 +84,7 @@ class OnlineDPOTrainer(GenerationTrainer):
 
     Arguments = OnlineDPOArguments
     args: OnlineDPOArguments
+    captured_snapshots = {Snapshot.REFERENCE: None}
 
     def setup(self) -> None:
         processes = self.accelerator.num_processes
@@ -92,24 +95,28 @@ class OnlineDPOTrainer(GenerationTrainer):
                 f"number of processes ({processes})",
                 where=f"stages.{self.stage}.train.prompts_per_iteration",
             )
-        self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+        self.adapter.snapshots.capture(Snapshot.REFERENCE, self.adapter.module())
         self._reference_step = 0
 
     def sample(self) -> Rollout:
         return self.generate()
 
-    def optimize(self, samples: Rollout) -> dict[str, float]:
-        pairs = preference_pairs(samples)
-        skipped = float((~pairs.valid).sum())
-        return self.train_on_rollout(
-            pairs, lambda batch, scale: self.pair_loss(batch, scale=scale) | {"skipped_pairs": skipped}
-        )
+    def optimize(self, samples: Rollout) -> Metrics:
+        per_reward = self.args.reward_normalisation == "per_reward"
+        pairs = preference_pairs(samples, ranked_by="advantages" if per_reward else "rewards")
+        skipped = float((~pairs.valid).sum())  # a host mask: no sync
+
+        def objective(batch: PreferencePairs, scale: float) -> Objective:
+            metrics = yield from self.pair_loss(batch, scale=scale)
+            return metrics | {"skipped_pairs": skipped}
+
+        return self.train_on_rollout(pairs, objective)
 
     def refresh_reference(self) -> None:
         """Copy the policy into ``ref`` once per multiple of ``ref_update_every`` optimizer steps."""
         every, step = self.args.ref_update_every, self.progress.optimizer_step
         if every and step and step % every == 0 and step != self._reference_step:
-            self.adapter.snapshots.capture(REFERENCE, self.adapter.module())
+            self.adapter.snapshots.capture(Snapshot.REFERENCE, self.adapter.module())
             self._reference_step = step
 
     def pair_noise(self, batch: PreferencePairs, draw: int) -> tuple[Tensor, Tensor]:
@@ -140,30 +147,34 @@ class OnlineDPOTrainer(GenerationTrainer):
             noise=noise,
             sigma=sigma,
             conditions=batch.conditions,
-            reference=REFERENCE,
+            reference=Snapshot.REFERENCE,
         )
         kl = velocity_mse(errors.velocity, errors.reference_velocity).view(2, len(batch)).mean(0)
         return errors.policy, errors.reference, kl
 
-    def pair_loss(self, batch: PreferencePairs, *, scale: float) -> dict[str, float]:
-        """Backpropagate the DPO loss of a micro-batch of pairs (mean over valid pairs); return metrics."""
+    def pair_loss(self, batch: PreferencePairs, *, scale: float) -> Objective:
+        """The DPO loss of a micro-batch of pairs (mean over valid pairs), one part per draw; its metrics."""
         self.refresh_reference()
         args, device = self.args, self.accelerator.device
         weight = batch.valid.to(device).float()
-        count = max(float(weight.sum()), 1.0)
+        count = max(float(batch.valid.sum()), 1.0)  # the mask is the host's: counted there
+        rows = torch.nonzero(batch.valid).flatten().to(device)
         draws = args.timesteps_per_pair
-        totals = {"loss": 0.0, "kl": 0.0, "margin": 0.0, "implicit_accuracy": 0.0}
+        totals: Metrics = {}
         for draw in range(draws):
             errors, ref_errors, kl = self.pair_errors(batch, draw)
             margin = preference_margin(errors[0], errors[1], ref_errors[0], ref_errors[1])
             per_pair = preference_loss(margin, beta=args.beta, loss_type=args.loss_type) + args.kl_beta * kl
             loss = (weight * per_pair).sum() / count
-            self.backward(loss * scale / draws)
-            valid = margin.detach()[weight > 0]
-            totals["loss"] += float(loss.detach()) / draws
-            totals["kl"] += float((weight * kl.detach()).sum()) / count / draws
-            totals["margin"] += float(valid.sum()) / count / draws
-            totals["implicit_accuracy"] += (implicit_accuracy(valid) if len(valid) else 0.5) / draws
+            valid = margin.detach()[rows]
+            step = {
+                "loss": loss,
+                "kl": (weight * kl.detach()).sum().double() / count,
+                "margin": valid.sum().double() / count,
+                "implicit_accuracy": implicit_accuracy(valid) if len(rows) else 0.5,
+            }
+            accumulate(totals, step, divisor=draws)
+            yield loss * scale / draws
         rewards = (batch.rewards - batch.rejected_rewards).to(device).float()
-        totals["reward_margin"] = float((weight * rewards).sum()) / count
+        totals["reward_margin"] = (weight * rewards).sum().double() / count
         return totals

@@ -1,0 +1,1 @@
+"""An example flowpost plugin: the ``contrast`` reward and the ``sharpness`` metric."""
