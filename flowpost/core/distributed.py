@@ -82,3 +82,12 @@ def any_over_ranks(flag: bool, device: torch.device) -> bool:
     value = torch.tensor([int(flag)], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest ``value`` of any rank (every rank gets the same answer)."""
+    if not is_distributed():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from prefect.states import Failed
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.events import Event, GuardEvent, StartEvent, StepEvent
 from flowpost.errors import FlowpostError, TransientError
+from flowpost.tasks.cost import cost_rows
 from flowpost.tasks.curve import read_curve
 from flowpost.tasks.graph import NodeKind
 from flowpost.tasks.interrupts import stop_run_on_signals
@@ -181,4 +183,11 @@ def _run_pipeline(
             key=f"{_artifact_key(run.pipeline.name)}-report",
             description="flowpost run report",
         )
+        costs = cost_rows(json.loads(Path(report).read_text()))
+        if costs:
+            create_table_artifact(
+                table=costs,
+                key=f"{_artifact_key(run.pipeline.name)}-cost",
+                description="cost ledger per trained stage: wall seconds per phase, throughput, peak memory",
+            )
     return results

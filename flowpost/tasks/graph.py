@@ -140,8 +140,10 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
         gate = p.export.promote.model_dump(mode="json")
         nodes.append(Node("promote", NodeKind.PROMOTE, p.export.from_stage, ("export",), {**common, **gate}))
     reported = (NodeKind.EVAL, NodeKind.EXPORT, NodeKind.PROMOTE)
-    guarded = [f"train.{name}" for name, stage in p.stages.items() if stage.guard is not None]  # their guard records
-    report_deps = (*(node.id for node in nodes if node.kind in reported), *guarded)
+    read = [  # their guard records and cost ledgers
+        f"train.{name}" for name, stage in p.stages.items() if stage.guard is not None or name in p.evaluate.after
+    ]
+    report_deps = (*(node.id for node in nodes if node.kind in reported), *read)
     nodes.append(Node("report", NodeKind.REPORT, "report", report_deps, {**common, "name": p.name}))
     return _dependencies_first(nodes)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
+from flowpost.tasks.cost import REWARD, cost_table, read_cost, with_reward_gains
 from flowpost.tasks.curve import CURVE_FILE, read_curve
 from flowpost.tasks.evaluate import GAP, TRAINED_REWARD
 from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
@@ -25,10 +26,13 @@ def write_report(
     out_dirs: list[Path],
     promotion_dir: Path | None = None,
     guard_dirs: dict[str, Path] | None = None,
+    train_dirs: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
-    [intervals], [guard: {fired, checks, at, ended_with}]}}`` to each out dir; report.md adds what the guards
-    of ``guard_dirs`` (stage -> training folder) decided, each stage's checkpoint curve (``evaluate.every``),
+    [intervals], [guard: {fired, checks, at, ended_with}], [cost: {...}]}}`` to each out dir (``cost``: the stage's
+    cost ledger from ``train_dirs``, stage -> training folder, with its reward gain: ``flowpost.tasks.cost``);
+    report.md adds the table comparing the stages' costs, what the guards of ``guard_dirs`` (stage -> training
+    folder) decided, each stage's checkpoint curve (``evaluate.every``),
     the sample grids (embedded), the export and the promotion gate's decision."""
     metrics: dict[str, Any] = {}
     headlines: dict[str, str] = {}
@@ -44,7 +48,23 @@ def write_report(
     for stage, outcome in guards.items():
         if stage in metrics:
             metrics[stage]["guard"] = {key: outcome[key] for key in GUARD_FIELDS if key in outcome}
+    for stage, directory in (train_dirs or {}).items():
+        if stage in metrics and (cost := read_cost(directory)) is not None:
+            metrics[stage]["cost"] = cost
+    with_reward_gains(metrics)
     lines = [f"# {name}", "", *_table(metrics)]
+    if costs := cost_table(metrics):
+        lines += [
+            "",
+            "## Cost",
+            "",
+            *costs,
+            "",
+            "Wall seconds per phase of each training stage (`other`: what no phase covers: resume, events, "
+            "callbacks), samples per second over the stage's wall time, media per GPU per second (divided by "
+            "the ranks), and the peak memory (the maximum over ranks). `reward_gained` is the stage's "
+            f"`{REWARD}` minus the stage's above it; `s_per_reward_gained` its wall seconds per unit gained.",
+        ]
     if guards:
         lines += ["", "## Guards", "", *(f"- {describe_guard(stage, o)}" for stage, o in guards.items())]
     if any(GAP in m for m in metrics.values()):
@@ -81,7 +101,7 @@ def _table(metrics: dict[str, Any]) -> list[str]:
     """One row per stage, one column per metric any stage reports (headline first)."""
     columns: list[str] = []
     for m in metrics.values():
-        columns += [key for key in m if key not in (*RUN_FIELDS, "intervals", "guard") and key not in columns]
+        columns += [key for key in m if key not in (*RUN_FIELDS, "intervals", "guard", "cost") and key not in columns]
     header = ["stage", *columns, "samples", "step", "weights", "smoke"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for stage, m in metrics.items():

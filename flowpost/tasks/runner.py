@@ -46,6 +46,7 @@ from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
+from flowpost.tasks.cost import read_cost
 from flowpost.tasks.curve import budget_counter
 from flowpost.tasks.evaluate import evaluate_stage
 from flowpost.tasks.export import export_stage
@@ -345,6 +346,8 @@ def _latents(call: NodeCall) -> dict[str, Any]:
 def _train(call: NodeCall) -> dict[str, Any]:
     spec = call.run.train_spec(call.node.key, call.out, resume=call.resume)
     outputs: dict[str, Any] = {"step": run_training(spec, on_event=call.on_event).step}
+    if (cost := read_cost(call.out)) is not None:
+        outputs["cost"] = cost
     record = read_guard_record(call.out)
     if record is not None:
         outputs["guard"] = guard_outcome(record)
@@ -415,6 +418,7 @@ def _report(call: NodeCall) -> dict[str, Any]:
         export_dir=export,
         promotion_dir=promotion,
         guard_dirs=guarded,
+        train_dirs={name: run.path(f"train.{name}") for name in run.pipeline.evaluate.after},
         out_dirs=[call.out],
     )
 

@@ -36,6 +36,9 @@ def test_flow_runs_every_node_then_reuses_them(prefect_harness, tiny_pipeline, t
     report = _artifact("tiny-report")  # the sample grid itself, not only its path
     grid = next(r.path for r in first if r.node == "eval.sft") / "grid.png"
     assert report.type == "markdown" and f"base64,{base64.b64encode(grid.read_bytes()).decode()})" in report.data
+    cost = _artifact("tiny-cost")  # the stages' cost ledgers, as report.md's Cost table
+    assert cost.type == "table" and [row["stage"] for row in json.loads(cost.data)] == ["sft"]
+    assert json.loads(cost.data)[0]["wall_s"] > 0 and json.loads(cost.data)[0]["optimize_s"] > 0
 
 
 def _artifact(key: str):  # noqa: ANN202

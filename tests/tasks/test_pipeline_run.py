@@ -47,11 +47,26 @@ def test_report_has_the_promised_metrics(workspace: Path) -> None:
         "weights",
         "seed",
         "smoke",
+        "cost",
     }
     assert metrics["sft"]["n_samples"] == 20 and metrics["sft"]["step"] == 3
     assert metrics["sft"]["weights"] == "ema" and metrics["sft"]["smoke"] is True
     assert 0.0 <= metrics["sft"]["adherence"] <= 1.0 and metrics["sft"]["fd"] >= 0.0
     assert "| sft |" in (workspace / "report.md").read_text()
+
+
+def test_the_report_carries_each_stage_s_cost_ledger(workspace: Path) -> None:
+    cost = json.loads((workspace / "metrics.json").read_text())["sft"]["cost"]
+    assert set(cost["phases"]) == {"data", "optimize", "checkpoint"}
+    assert all(seconds > 0 for seconds in cost["phases"].values())
+    assert sum(cost["phases"].values()) <= cost["wall_seconds"]
+    assert cost["samples"] == 3 * 8 and cost["sample_kind"] == "training examples"  # max_steps x batch_size
+    assert cost["samples_per_second"] > 0 and cost["images_per_gpu_per_second"] > 0
+    assert cost["memory_kind"] == "cpu_peak_rss" and cost["peak_memory_bytes"] > 0
+    assert "reward_gained" not in cost  # the first stage: nothing before it to gain over
+    report = (workspace / "report.md").read_text()
+    assert "## Cost" in report and "| stage | wall_s | data_s | optimize_s | checkpoint_s |" in report
+    assert report.count("| sft |") == 2  # the metrics table's row and the cost table's
 
 
 def test_rerun_is_all_cached_and_a_changed_stage_reruns_only_its_dependents(workspace: Path, tiny_pipeline) -> None:

@@ -170,7 +170,7 @@ def test_bad_promotion_settings_are_named(tiny_pipeline, override: str, where: s
 def test_the_gate_runs_after_export_and_before_the_report(tiny_pipeline) -> None:
     nodes = {node.id: node for node in build_nodes(validate_pipeline(_with_tune(tiny_pipeline)))}
     assert nodes["promote"].deps == ("export",) and nodes["promote"].kind == "promote"
-    assert nodes["report"].deps == ("eval.sft", "export", "promote")
+    assert nodes["report"].deps == ("eval.sft", "export", "promote", "train.sft")  # the last for its cost ledger
     assert "train.sft" in nodes["train.tune"].deps  # the fallback's: the graph does not depend on the record
     config = _gated(tiny_pipeline)
     config["stages"]["sft"]["model"]["init"] = "previous"  # falling back to scratch
@@ -192,7 +192,7 @@ def test_the_gate_is_a_dvc_stage_that_reads_the_promoted_record(tiny_pipeline) -
     assert promote["deps"] == ["workspace/code/promote.json", "workspace/stages/sft/export"]
     assert promote["params"] == ["seed", "smoke", "export.promote"]
     assert promote["outs"] == ["workspace/stages/sft/promotion"] and promote["always_changed"] is True
-    assert stages["report"]["deps"][-1] == "workspace/stages/sft/promotion"
+    assert stages["report"]["deps"][-2:] == ["workspace/stages/sft/promotion", "workspace/stages/sft/final"]
     assert stages["export"]["params"] == ["seed", "smoke", "export.from", "export.formats", "evaluate.weights"]
     assert stages["train.tune"]["always_changed"] is True and "always_changed" not in stages["train.sft"]
 

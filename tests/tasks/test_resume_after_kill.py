@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.events import read_events
+from flowpost.core.io import read_json
 from flowpost.tasks.conditions import encoder_fingerprint
 from flowpost.tasks.runner import PipelineRun
 from flowpost.tasks.train import run_training, stage_spec
@@ -66,3 +67,8 @@ def test_sigkill_mid_stage_then_resume_matches_an_uninterrupted_run(tmp_path: Pa
     expected, actual = _weights(tmp_path / "straight"), _weights(tmp_path / "killed")
     assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[key], actual[key]) for key in expected)
+    # the resumed stage's cost ledger covers the whole stage: the killed run up to its last checkpoint too
+    whole = read_json(tmp_path / "killed" / "final" / "cost.json")
+    once = read_json(tmp_path / "straight" / "final" / "cost.json")
+    assert (whole["runs"], once["runs"]) == (2, 1) and whole["samples"] == once["samples"] == 24 * 8 * 2
+    assert sum(whole["phases"].values()) <= whole["wall_seconds"]

@@ -24,6 +24,7 @@ from flowpost.core.evaluation.guard import GUARD_FILE, StageGuard
 from flowpost.core.evaluation.validation import ValidationGrid
 from flowpost.core.events import DoneEvent, EventLog, GuardEvent, StartEvent, StepEvent, resume_warning
 from flowpost.core.io import write_json_atomic
+from flowpost.core.ledger import COST_FILE, CostLedger
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.precision import upcast_trainable
@@ -159,6 +160,12 @@ class BaseTrainer(ABC):
         self.parallel = parallel_layout(spec.launch.get("backend", "ddp"), self.accelerator.num_processes)
         self.cycle_metrics: dict[str, float] = {}  # the current cycle's rewards: every step's trackers see them
         self.bad_steps = BadSteps(args.max_bad_steps)
+        self.ledger = CostLedger(
+            self.accelerator.device,
+            world_size=self.accelerator.num_processes,
+            sample_kind="generated" if self.acquisition is Acquisition.GENERATION else "training examples",
+            frames=int(getattr(adapter, "num_frames", 1)),  # a video family's frames per sample
+        )
         roles = self.required_trainable_roles
         if roles:
             check_role_optimizers(roles, optimizers or {}, self.parallel.name, stage=spec.stage)
@@ -203,6 +210,7 @@ class BaseTrainer(ABC):
             keep_last=args.keep_last,
             roles=dict(list(self.roles.items())[1:]),  # the first role's is ``optimizer``
             guard=guard,
+            ledger=self.ledger,
         )
 
     def _check_snapshots_are_not_roles(self) -> None:
@@ -250,6 +258,7 @@ class BaseTrainer(ABC):
     # -- the loop ------------------------------------------------------------------------------
     def start(self) -> TrainingProgress:
         """Run the stage to its budget (resuming from the latest checkpoint when allowed)."""
+        self.ledger.start()
         self._seed_everything()
         resumed = self._resume() if self.spec.resume else None
         self.callbacks.on_train_start(self)
@@ -281,9 +290,13 @@ class BaseTrainer(ABC):
                 f"stage {self.stage!r}: the {self.accelerator.num_processes} ranks ended with different weights",
                 where=str(self.output_dir),
             )
-        self.checkpoints.save_final(self.progress)
+        with self.ledger.phase("checkpoint"):
+            self.checkpoints.save_final(self.progress)
         if self.guard is not None and self.accelerator.is_main_process:
             write_json_atomic(self.output_dir / "final" / GUARD_FILE, self.guard.summary())
+        cost = self.ledger.summary()  # on every rank: peak memory is gathered over them
+        if self.accelerator.is_main_process:
+            write_json_atomic(self.output_dir / "final" / COST_FILE, cost)
         self.events.write(
             DoneEvent(
                 stage=self.stage,
@@ -305,7 +318,8 @@ class BaseTrainer(ABC):
         return resumed
 
     def save_checkpoint(self) -> None:
-        self.checkpoints.save(self.progress, units=self.completed_units)
+        with self.ledger.phase("checkpoint"):
+            self.checkpoints.save(self.progress, units=self.completed_units)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate gradients of ``loss`` (already divided by the accumulation count)."""
@@ -378,11 +392,12 @@ class BaseTrainer(ABC):
         step, main = self.progress.optimizer_step, self.accelerator.is_main_process
         if self.validation is None or not self.validation.due(step) or not (main or self.parallel.collective_passes):
             return
-        if main:
-            self.callbacks.on_validation_begin(self)
-        images = self.validation.generate(self.adapter, seed=self.spec.seed, stage=self.stage)
-        if main:
-            self.callbacks.on_validation_end(self, self.validation.save(images, step))
+        with self.ledger.phase("evaluation"):
+            if main:
+                self.callbacks.on_validation_begin(self)
+            images = self.validation.generate(self.adapter, seed=self.spec.seed, stage=self.stage)
+            if main:
+                self.callbacks.on_validation_end(self, self.validation.save(images, step))
 
     def _check_start(self) -> None:
         """The guard's baseline: the start weights, checked and checkpointed (the first good checkpoint)."""
@@ -395,7 +410,8 @@ class BaseTrainer(ABC):
         """Check the weights with the guard; a violation (on any rank) raises ``GuardFired``."""
         assert self.guard is not None
         done, step = self.completed_units, self.progress.optimizer_step
-        check = self.guard.check(self.adapter, units=done, step=step)
+        with self.ledger.phase("evaluation"):
+            check = self.guard.check(self.adapter, units=done, step=step)
         check = self.guard.record(check, passed=not any_over_ranks(not check.passed, self.accelerator.device))
         last_good = self.guard.last_good
         assert self.guard.start is not None and last_good is not None  # the baseline passes or raises

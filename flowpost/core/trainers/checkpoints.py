@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from flowpost.core.callbacks.base import CallbackList
     from flowpost.core.evaluation.guard import StageGuard
     from flowpost.core.events import EventLog
+    from flowpost.core.ledger import CostLedger
     from flowpost.core.models.base import ModelAdapter
     from flowpost.core.parallel import ParallelLayout
     from flowpost.core.trainers.optimizers import RoleOptimizer
@@ -67,6 +68,7 @@ class CheckpointManager:
     keep_last: int | None = None
     roles: dict[str, RoleOptimizer] = field(default_factory=dict)
     guard: StageGuard | None = None
+    ledger: CostLedger | None = None
     saved: TrainingProgress | None = None
 
     def save(self, progress: TrainingProgress, *, units: int) -> None:
@@ -86,6 +88,7 @@ class CheckpointManager:
                 "layout": layout.name,
                 "role_updates": {role: optimizer.updates for role, optimizer in self.roles.items()},
                 **({"guard": self.guard.state_dict()} if self.guard is not None else {}),
+                **({"ledger": self.ledger.state_dict()} if self.ledger is not None else {}),
             },
             roles={
                 role: {
@@ -124,12 +127,13 @@ class CheckpointManager:
         path = self.path(optimizer_step)
         if (problem := verify_checkpoint(path)) is not None:
             raise FlowpostError(f"cannot go back to checkpoint {path}: {problem}", where=str(path))
-        progress = self.load(path, guard=False).progress
+        progress = self.load(path, resuming=False).progress
         log.info("went back to %s", path)
         return progress
 
-    def load(self, path: Path, *, guard: bool = True) -> Resumed:
-        """Load checkpoint ``path`` into the model, optimizer, snapshots, callbacks and (``guard``) the guard."""
+    def load(self, path: Path, *, resuming: bool = True) -> Resumed:
+        """Load checkpoint ``path`` into the model, optimizer, snapshots, callbacks and, ``resuming`` (not going
+        back to it within the run), the guard and the cost ledger (the time spent since is spent)."""
         state = load_checkpoint(path, verified=True)
         layout = self.parallel
         if any(not isinstance(key, str) for key in state.optimizer["state"]):
@@ -158,8 +162,10 @@ class CheckpointManager:
             self.adapter.snapshots.load_state_dict(name, layout.snapshot_from_state(tensors, network))
         torch.set_rng_state(state.rng["torch"])
         self.callbacks.load_state_dict(state.trainer.get("callbacks", {}))
-        if guard and self.guard is not None:
+        if resuming and self.guard is not None:
             self.guard.load_state_dict(state.trainer.get("guard", {}))
+        if resuming and self.ledger is not None:
+            self.ledger.load_state_dict(state.trainer.get("ledger", {}))
         resumed = Resumed(
             path=path,
             progress=TrainingProgress.from_dict(state.trainer["progress"]),

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterator
 from itertools import islice
 from typing import Any, ClassVar
 
@@ -90,17 +91,29 @@ class DatasetTrainer(BaseTrainer):
         sums: Metrics = {}
         start = self.progress.epoch_cursor
         batches = islice(loader.iter_epoch(self.progress.data_epoch, start_batch=start), usable - start)
-        for offset, batch in enumerate(batches):
-            self._micro_index = offset % accum
-            outputs = self.optimize_batch(batch)
-            self.backward(outputs["loss"] / accum)
-            accumulate(sums, outputs, divisor=accum)
+        for offset, batch in enumerate(self._timed(batches)):
+            with self.ledger.phase("optimize", sync=False):  # host time; the step's one read syncs the device
+                self._micro_index = offset % accum
+                outputs = self.optimize_batch(batch)
+                self.backward(outputs["loss"] / accum)
+                accumulate(sums, outputs, divisor=accum)
+                if self._micro_index == accum - 1:
+                    metrics = self.step_optimizer(sums, micro_batches=accum)
+                    if start + offset + 1 >= usable:
+                        self.progress = self.progress.after_epoch()
+                        metrics |= self._after_acquisition_cycle()
+                    sums = {}
+                    self.ledger.count(self.args.batch_size * accum)
             if self._micro_index == accum - 1:
-                metrics = self.step_optimizer(sums, micro_batches=accum)
-                if start + offset + 1 >= usable:
-                    self.progress = self.progress.after_epoch()
-                    metrics |= self._after_acquisition_cycle()
-                sums = {}
                 self._end_budget_unit(budget, metrics)
                 if self.progress.optimizer_step >= budget:
                     return
+
+    def _timed(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """``batches``, the wait for each timed as the ledger's ``data`` phase (host time, no device sync)."""
+        while True:
+            with self.ledger.phase("data", sync=False):
+                batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch

@@ -71,15 +71,20 @@ class GenerationTrainer(BaseTrainer):
         return self.rollouts.generate(self.progress.rollout_iteration)
 
     def _run_cycles(self, budget: int) -> None:
-        """sample -> (rewards and advantages) -> optimize, once per iteration."""
+        """sample -> (rewards and advantages) -> optimize, once per iteration; each a phase of the ledger
+        (rollout, reward, optimize), bounded where the iteration already waits for the device."""
         while self.progress.rollout_iteration < budget:
-            samples = self.sample()
+            with self.ledger.phase("rollout"):
+                samples = self.sample()
             self.cycle_metrics = {}
             if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
-                self.cycle_metrics = mean_over_ranks(self.rollouts.score(samples))
-            metrics = self.cycle_metrics | to_host(self.optimize(samples))[0]
-            self.progress = self.progress.after_rollout()
-            metrics |= self._after_acquisition_cycle()
+                with self.ledger.phase("reward"):
+                    self.cycle_metrics = mean_over_ranks(self.rollouts.score(samples))
+            with self.ledger.phase("optimize"):
+                metrics = self.cycle_metrics | to_host(self.optimize(samples))[0]
+                self.progress = self.progress.after_rollout()
+                metrics |= self._after_acquisition_cycle()
+            self.ledger.count(self.args.samples_per_iteration)
             self._end_budget_unit(budget, metrics)
 
     def train_on_rollout(self, samples: Rollout, objective: MicroBatchObjective) -> dict[str, float]:

@@ -118,3 +118,18 @@ def test_a_dataset_trainer_reads_the_device_once_per_optimizer_step(make_trainer
     with WeightReads(_weights(trainer), monkeypatch) as reads:
         trainer._run_cycles(trainer.budget)
     assert trainer.progress.optimizer_step == 2 and reads.count == 2
+
+
+def test_the_cost_ledger_adds_no_read_to_a_rollout_iteration(make_trainer, tmp_path, monkeypatch):
+    from contextlib import nullcontext
+
+    counts = []
+    for timed in (True, False):
+        trainer = make_trainer(tmp_path / str(timed), **GENERATION["grpo"])
+        if not timed:
+            monkeypatch.setattr(trainer.ledger, "phase", lambda name, sync=True: nullcontext())
+        with WeightReads(_weights(trainer), monkeypatch) as reads:
+            trainer._run_cycles(1)
+        assert trainer.progress.optimizer_step == 2 and bool(trainer.ledger.seconds) is timed
+        counts.append(reads.count)
+    assert counts[0] == counts[1]  # the same reads (the steps', the iteration's, the reward's) timed or not
