@@ -65,7 +65,7 @@ def train(prepared: Prepared, name: str, out: Path, device: torch.device) -> dic
     started = time.perf_counter()
     progress = trainer.start()
     seconds = time.perf_counter() - started
-    losses = [e["metrics"]["loss"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+    losses = [e["metrics"]["loss"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
     if not losses or not all(math.isfinite(loss) for loss in losses):
         raise RuntimeError(f"{name}: logged losses {losses} are missing or not all finite")
     units = unit_seconds(out / "events.jsonl")

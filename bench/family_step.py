@@ -138,7 +138,7 @@ def first_losses(root: Path, family: str, batch: int) -> tuple[float, float]:
     out = root / "first-step"
     spec = stage_spec(root, family, out, steps=1, batch=batch)
     build_trainer(spec).start()
-    flowpost = next(float(e["metrics"]["loss"]) for e in read_events(out / "events.jsonl") if e["event"] == "step")
+    flowpost = next(float(e["metrics"]["loss"]) for e in read_events(out / "events.jsonl") if e["event"] == "progress")
     bare = BareFamilyStep(family, root / "pipeline", spec, settings(spec), draws=addressed_draws).step()
     return flowpost, bare
 

@@ -63,7 +63,7 @@ def spec_on(pipeline: PipelineConfig, name: str, out: Path, *, dataset: Path, co
 
 def unit_seconds(events_path: Path) -> list[float]:
     """Seconds between consecutive step events (the first unit, with its warm-up, is left out)."""
-    times = [float(e["time"]) for e in read_events(events_path) if e["event"] == "step"]
+    times = [float(e["time"]) for e in read_events(events_path) if e["event"] == "progress"]
     return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
 
 

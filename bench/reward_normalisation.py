@@ -94,7 +94,7 @@ def train(setting: str, iterations: int, folders: dict[str, Path], out: Path) ->
     started = time.monotonic()
     run_stage(spec)
     seconds = time.monotonic() - started
-    steps = [event["metrics"] for event in read_events(out / "events.jsonl") if event["event"] == "step"]
+    steps = [event["metrics"] for event in read_events(out / "events.jsonl") if event["event"] == "progress"]
     return {
         "seconds": seconds,
         "spread": {name: steps[0][f"reward/{name}_std"] for name in REWARDS},

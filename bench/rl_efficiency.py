@@ -76,7 +76,7 @@ def run_method(run: PipelineRun, method: str, seed: int, out: Path) -> list[dict
     start = time.time()
 
     def on_event(event: dict[str, Any]) -> None:
-        if event["event"] == "step":
+        if event["event"] == "progress":
             times[int(event["step"])] = event["time"] - start
 
     run_training(spec, on_event=on_event)

@@ -67,7 +67,7 @@ def measure(
             if stale.is_file():
                 stale.unlink()
     run_training(spec)
-    steps = [e for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+    steps = [e for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
     train = pipeline.stages[name].train
     samples_per_unit = train["batch_size"] if name == "sft" else train["prompts_per_iteration"] * train["group_size"]
     seconds = steps[-1]["time"] - steps[0]["time"]

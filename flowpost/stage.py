@@ -34,7 +34,7 @@ from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
-from flowpost.core.progress import TrainingProgress
+from flowpost.core.progress import BudgetUnit, TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.rewards.frames import FrameSelection
 from flowpost.core.rewards.registry import build_reward, reward_parameters
@@ -84,9 +84,12 @@ def build_validation(config: CallbacksConfig, spec: StageSpec, inputs: StageInpu
     )
 
 
-def build_guard(config: GuardConfig | None, spec: StageSpec, inputs: StageInputs, *, every: int) -> StageGuard | None:
+def build_guard(
+    config: GuardConfig | None, spec: StageSpec, inputs: StageInputs, *, every: int, unit: BudgetUnit
+) -> StageGuard | None:
     """The stage's guard (None without ``guard:``): the held-out split of the stage's dataset, sampled and
-    scored every ``guard.every`` budget units (``every`` when unset) with metrics from the evaluation registry."""
+    scored every ``guard.every`` budget units (``every`` when unset; ``unit`` names them) with metrics from the
+    evaluation registry."""
     if config is None:
         return None
     where = f"stages.{spec.stage}.guard"
@@ -130,6 +133,7 @@ def build_guard(config: GuardConfig | None, spec: StageSpec, inputs: StageInputs
         judge=judge,
         bounds=bounds,
         every=config.every or every,
+        unit=unit,
         plan=plan,
         held_out=held_out,
         weights=config.weights,
@@ -234,7 +238,7 @@ def build_trainer(spec: StageSpec) -> BaseTrainer:
         inputs=inputs,
         callbacks=build_callbacks(stage.callbacks, spec),
         validation=build_validation(stage.callbacks, spec, inputs),
-        guard=build_guard(stage.guard, spec, inputs, every=args.checkpoint_every),
+        guard=build_guard(stage.guard, spec, inputs, every=args.checkpoint_every, unit=args.budget_unit),
         sampling=stage.sampling,
         **({"rewards": rewards} if rewards is not None else {}),
         **({"optimizers": stage.optimizers} if stage.optimizers else {}),

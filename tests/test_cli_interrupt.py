@@ -50,7 +50,7 @@ def _training(
         assert time.monotonic() < deadline, "train.sft did not start"
         events = list((tmp_path / "ws" / "train.sft").glob("*/events.jsonl"))
         kinds = [e["event"] for e in read_events(events[0])[seen:]] if events else []
-        if "step" in kinds[kinds.index("start") if "start" in kinds else len(kinds) :] and (
+        if "progress" in kinds[kinds.index("start") if "start" in kinds else len(kinds) :] and (
             "checkpoint" in kinds or not checkpointed
         ):
             return events[0], psutil.Process(run.pid).children(recursive=True)
@@ -95,7 +95,7 @@ def test_ctrl_c_then_sigterm_stop_the_run_and_the_stage_resumes(tmp_path: Path, 
     assert "SIGINT received" in output and "run it again to resume" in output
     print(f"SIGINT: stopped in {seconds:.1f} s")
 
-    before = [e for e in read_events(events) if e["event"] == "checkpoint"][-1]["optimizer_step"]
+    before = [e for e in read_events(events) if e["event"] == "checkpoint"][-1]["step"]
     again = _start(tmp_path, pipeline)
     _, processes = _training(tmp_path, again, checkpointed=False, seen=len(read_events(events)))
     start = [e for e in read_events(events) if e["event"] == "start"][-1]
@@ -124,7 +124,7 @@ def test_a_rank_that_ignores_sigterm_is_killed_and_its_last_checkpoint_resumes(t
     assert all(not r.is_running() or r.status() == psutil.STATUS_ZOMBIE for r in ranks)
     print(f"stuck rank: killed, run stopped in {seconds:.1f} s")
 
-    checkpoints = [e["optimizer_step"] for e in read_events(events) if e["event"] == "checkpoint"]
+    checkpoints = [e["step"] for e in read_events(events) if e["event"] == "checkpoint"]
     again = _start(tmp_path, pipeline)
     _, processes = _training(tmp_path, again, checkpointed=False, seen=len(read_events(events)))
     start = [e for e in read_events(events) if e["event"] == "start"][-1]

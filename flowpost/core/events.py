@@ -1,6 +1,6 @@
 """JSON-lines events written by rank 0 of a training stage and tailed by the orchestrator.
 
-One frozen dataclass per kind (``start``, ``step``, ``checkpoint``, ``guard``, ``done``): ``parse`` reads one
+One frozen dataclass per kind (``start``, ``progress``, ``checkpoint``, ``guard``, ``done``): ``parse`` reads one
 from its JSON record, ``describe()`` is the line a reader prints, ``parse_event`` dispatches on kind.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
+from flowpost.core.progress import describe_position
 from flowpost.errors import FlowpostError
 
 
@@ -33,12 +34,19 @@ def resume_warning(saved_ranks: int, saved_layout: str, ranks: int, layout: str 
 
 @dataclass(frozen=True, kw_only=True)
 class Event(ABC):
-    """Fields every event carries; ``time`` is stamped by the log when written."""
+    """Fields every event carries: ``step`` counts optimizer steps, ``iteration`` rollout iterations (online
+    trainers only, None otherwise); ``time`` is stamped by the log when written."""
 
     kind: ClassVar[str]
     stage: str
     step: int
+    iteration: int | None = None
     time: float | None = None
+
+    @property
+    def position(self) -> str:
+        """``step 10``, or ``iteration 5 (step 10)``."""
+        return describe_position(self.step, self.iteration)
 
     @classmethod
     def parse(cls, record: dict[str, Any], *, where: str | None = None) -> Self:
@@ -53,7 +61,8 @@ class Event(ABC):
 
     def payload(self) -> dict[str, Any]:
         """The fields the log records besides ``event``, ``stage`` and ``time``, in order."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("stage", "time")}
+        fields = (f.name for f in dataclasses.fields(self) if f.name not in ("stage", "time"))
+        return {name: getattr(self, name) for name in fields if name != "iteration" or self.iteration is not None}
 
     @abstractmethod
     def describe(self) -> str:
@@ -62,12 +71,23 @@ class Event(ABC):
 
 @dataclass(frozen=True, kw_only=True)
 class _Budgeted(Event):
-    max_steps: int
+    """An event that knows the stage's budget: ``budget`` iterations when ``iteration`` is set, else steps."""
+
+    budget: int
+
+    @property
+    def unit(self) -> str:
+        return "step" if self.iteration is None else "iteration"
+
+    @property
+    def done(self) -> int:
+        """Budget units done."""
+        return self.step if self.iteration is None else self.iteration
 
     @property
     def percent(self) -> float:
         """Share of the stage's budget done, in percent."""
-        return 100.0 * self.step / self.max_steps if self.max_steps else 100.0
+        return 100.0 * self.done / self.budget if self.budget else 100.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +111,8 @@ class StartEvent(_Budgeted):
 
     def describe(self) -> str:
         if self.resumed_from:
-            return f"resuming from {self.resumed_from} (step {self.step})"
-        return f"starting at step {self.step} of {self.max_steps}"
+            return f"resuming from {self.resumed_from} at {self.position}"
+        return f"starting at {self.position} of {self.budget} {self.unit}s"
 
     def resume_warning(self) -> str | None:
         """The warning of a resume under another world size or layout (None otherwise)."""
@@ -102,36 +122,35 @@ class StartEvent(_Budgeted):
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepEvent(_Budgeted):
-    """A logged budget unit and its metrics."""
+class ProgressEvent(_Budgeted):
+    """A logged budget unit (optimizer step or rollout iteration) and its metrics."""
 
-    kind: ClassVar[str] = "step"
+    kind: ClassVar[str] = "progress"
     metrics: dict[str, float]
 
     def describe(self) -> str:
         metrics = " ".join(f"{key}={value:.4g}" for key, value in sorted(self.metrics.items()))
-        return f"step {self.step}/{self.max_steps} {metrics}".rstrip()
+        counted = f"{self.unit} {self.done}/{self.budget}" + ("" if self.iteration is None else f" (step {self.step})")
+        return f"{counted} {metrics}".rstrip()
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointEvent(Event):
-    """A checkpoint was written; ``step`` counts budget units, its folder is named by optimizer steps."""
+    """A checkpoint was written (its folder is ``step-<step>``)."""
 
     kind: ClassVar[str] = "checkpoint"
-    optimizer_step: int
     path: str
 
     def describe(self) -> str:
-        return f"checkpoint at step {self.step}: {self.path}"
+        return f"checkpoint at {self.position}: {self.path}"
 
 
 @dataclass(frozen=True, kw_only=True)
 class GuardEvent(Event):
-    """A guard check after ``step`` budget units: the guarded values, their start, what they violate; when it
-    fired, ``last_good`` is the budget units of the checkpoint the stage ends with."""
+    """A guard check: the guarded values, their start, what they violate; when it fired, ``last_good`` is the
+    step of the checkpoint the stage ends with."""
 
     kind: ClassVar[str] = "guard"
-    optimizer_step: int
     values: dict[str, float]
     start: dict[str, float]
     violations: list[str]
@@ -140,9 +159,9 @@ class GuardEvent(Event):
     def describe(self) -> str:
         values = " ".join(f"{key}={value:.4g} (start {self.start[key]:.4g})" for key, value in self.values.items())
         if not self.violations:
-            return f"guard at step {self.step}: {values} passed"
+            return f"guard at {self.position}: {values} passed"
         return (
-            f"guard fired at step {self.step}: {'; '.join(self.violations)}; the stage ends with its checkpoint "
+            f"guard fired at {self.position}: {'; '.join(self.violations)}; the stage ends with its checkpoint "
             f"of step {self.last_good}"
         )
 
@@ -156,11 +175,11 @@ class DoneEvent(Event):
     ranks: int
 
     def describe(self) -> str:
-        return f"done at step {self.step} on {self.ranks} rank(s)"
+        return f"done at {self.position} on {self.ranks} rank(s)"
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    kind.kind: kind for kind in (StartEvent, StepEvent, CheckpointEvent, GuardEvent, DoneEvent)
+    kind.kind: kind for kind in (StartEvent, ProgressEvent, CheckpointEvent, GuardEvent, DoneEvent)
 }
 
 

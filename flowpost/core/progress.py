@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Literal
+
+BudgetUnit = Literal["step", "iteration"]
+"""What a stage's budget counts: optimizer steps (dataset trainers) or rollout iterations (online trainers)."""
+
+
+def describe_position(step: int, iteration: int | None = None) -> str:
+    """Where a stage stands, as every message says it: ``step 10``, or ``iteration 5 (step 10)`` for a
+    trainer that counts rollout iterations. A step is always an optimizer step."""
+    return f"step {step}" if iteration is None else f"iteration {iteration} (step {step})"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
 from flowpost.core.config.loading import validate_pipeline
-from flowpost.core.events import Event, GuardEvent, StartEvent, StepEvent
+from flowpost.core.events import Event, GuardEvent, ProgressEvent, StartEvent
 from flowpost.errors import FlowpostError, TransientError
 from flowpost.tasks.cost import cost_rows
 from flowpost.tasks.curve import read_curve
@@ -71,7 +71,7 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
     state: dict[str, Any] = {}
 
     def on_event(event: Event) -> None:
-        bar = f"{progress_bar(event.step, event.max_steps)} " if isinstance(event, StepEvent) else ""
+        bar = f"{progress_bar(event.done, event.budget)} " if isinstance(event, ProgressEvent) else ""
         fired = isinstance(event, GuardEvent) and bool(event.violations)
         (logger.warning if fired else logger.info)("%s %s%s", node_id, bar, event.describe())
         if isinstance(event, StartEvent):
@@ -80,10 +80,11 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
             state["artifact"] = create_progress_artifact(
                 progress=event.percent,
                 key=f"progress-{_artifact_key(node_id)}",
-                description=f"{node_id}: optimizer steps",
+                description=f"{node_id}: {event.unit}s of {event.budget}",
             )
-        elif isinstance(event, StepEvent):
-            state.setdefault("rows", []).append({"step": event.step, **event.metrics})
+        elif isinstance(event, ProgressEvent):
+            counted = {"step": event.step} | ({} if event.iteration is None else {"iteration": event.iteration})
+            state.setdefault("rows", []).append(counted | event.metrics)
             if "artifact" in state:
                 update_progress_artifact(state["artifact"], progress=event.percent)
 
@@ -96,7 +97,7 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
         create_table_artifact(
             table=metrics_table(state["rows"]),
             key=f"metrics-{_artifact_key(node_id)}",
-            description=f"{node_id}: metrics per logged step",
+            description=f"{node_id}: metrics per logged step or iteration",
         )
     curve = read_curve(result.path) if run.nodes[node_id].kind is NodeKind.EVAL else None
     if curve is not None:
@@ -110,8 +111,10 @@ def run_node(run: PipelineRun, node_id: str, refresh: bool, resume: bool) -> Nod
 
 
 def metrics_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Step rows with one column per metric seen (blank where a step did not log it), values rounded."""
-    columns = ["step", *sorted({key for row in rows for key in row} - {"step"})]
+    """Rows of a step (and iteration) with one column per metric seen (blank where a row did not log it), values
+    rounded."""
+    counters = [key for key in ("iteration", "step") if any(key in row for row in rows)]
+    columns = [*counters, *sorted({key for row in rows for key in row} - set(counters))]
     return [
         {c: (round(row[c], 6) if isinstance(row.get(c), float) else row.get(c, "")) for c in columns} for row in rows
     ]

@@ -7,6 +7,7 @@ from typing import Any
 
 from flowpost.core.evaluation.guard import GUARD_FILE
 from flowpost.core.io import read_json
+from flowpost.core.progress import describe_position
 
 
 def read_guard_record(train_dir: Path) -> dict[str, Any] | None:
@@ -16,19 +17,17 @@ def read_guard_record(train_dir: Path) -> dict[str, Any] | None:
 
 
 def guard_outcome(record: dict[str, Any]) -> dict[str, Any]:
-    """The short form a node's outputs, the report and the export carry: whether it fired, where (budget
-    units and optimizer step), why, and the checkpoint the stage ended with."""
+    """The short form a node's outputs, the report and the export carry: whether it fired, at which step (and
+    ``at_iteration`` for an online trainer), why, and the step of the checkpoint the stage ended with
+    (``ended_with``, ``ended_with_iteration``)."""
     fired, good = record["fired"], record["last_good"]
     outcome: dict[str, Any] = {"fired": fired is not None, "checks": len(record["checks"]), "start": record["start"]}
     if fired is not None:
-        outcome |= {
-            "at": fired["units"],
-            "at_step": fired["step"],
-            "values": fired["values"],
-            "violations": fired["violations"],
-            "ended_with": good["units"],
-            "ended_with_step": good["step"],
-        }
+        online = record.get("unit") == "iteration"
+        outcome |= {"at": fired["step"], "values": fired["values"], "violations": fired["violations"]}
+        outcome |= {"ended_with": good["step"]}
+        if online:
+            outcome |= {"at_iteration": fired["units"], "ended_with_iteration": good["units"]}
     return outcome
 
 
@@ -37,7 +36,7 @@ def describe_guard(stage: str, outcome: dict[str, Any]) -> str:
     if not outcome["fired"]:
         return f"guard of stage {stage!r}: passed all {outcome['checks']} checks"
     return (
-        f"guard of stage {stage!r} fired after {outcome['at']} budget units (optimizer step {outcome['at_step']}): "
-        f"{'; '.join(outcome['violations'])}. The stage ended with its last good checkpoint, after "
-        f"{outcome['ended_with']} budget units (optimizer step {outcome['ended_with_step']}); later nodes use it"
+        f"guard of stage {stage!r} fired at {describe_position(outcome['at'], outcome.get('at_iteration'))}: "
+        f"{'; '.join(outcome['violations'])}. The stage ended with its last good checkpoint, of "
+        f"{describe_position(outcome['ended_with'], outcome.get('ended_with_iteration'))}; later nodes use it"
     )

@@ -15,7 +15,7 @@ from flowpost.tasks.promote import DECISION_FILE
 
 RUN_FIELDS = ("n_samples", "step", "weights", "seed", "smoke")
 GAP_FIELDS = (TRAINED_REWARD, GAP)
-GUARD_FIELDS = ("fired", "checks", "at", "ended_with")  # a guarded stage's guard in metrics.json
+GUARD_FIELDS = ("fired", "checks", "at", "at_iteration", "ended_with", "ended_with_iteration")  # in metrics.json
 
 
 def write_report(
@@ -29,7 +29,7 @@ def write_report(
     train_dirs: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
-    [intervals], [guard: {fired, checks, at, ended_with}], [cost: {...}]}}`` to each out dir (``cost``: the stage's
+    [intervals], [guard: {fired, checks, at, ended_with (steps)}], [cost: {...}]}}`` to each out dir (``cost``: the stage's
     cost ledger from ``train_dirs``, stage -> training folder, with its reward gain: ``flowpost.tasks.cost``);
     report.md adds the table comparing the stages' costs, what the guards of ``guard_dirs`` (stage -> training
     folder) decided, each stage's checkpoint curve (``evaluate.every``),

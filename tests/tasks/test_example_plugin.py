@@ -110,7 +110,7 @@ def test_the_example_pipeline_trains_on_the_plugin_reward_and_scores_with_its_me
     for node in ("acquire.digits", "conditions.minilm", "train.grpo", "eval.grpo"):
         assert run.execute(node).status == "ran", node
     events = read_events(run.path("train.grpo") / "events.jsonl")
-    steps = [event["metrics"] for event in events if event["event"] == "step"]
+    steps = [event["metrics"] for event in events if event["event"] == "progress"]
     assert len(steps) == 2
     assert all(-0.35 <= step["reward/contrast_mean"] <= 0 for step in steps)  # options.target reached the reward
     metrics = read_json(run.path("eval.grpo") / "metrics.json")

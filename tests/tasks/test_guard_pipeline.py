@@ -72,11 +72,12 @@ def test_the_guard_stops_a_hacked_reward_at_the_last_good_checkpoint(tmp_path: P
     assert fired < start - MAX_DROP and "adherence" in guard["violations"][0]
 
     events = read_events(run.path("train.hack") / "events.jsonl")
-    rewards = [e["metrics"]["reward/mean_brightness_mean"] for e in events if e["event"] == "step"]
-    assert rewards[guard["at"] - 1] > rewards[0] + 0.03  # brightness rose while the judge fell
+    rewards = [e["metrics"]["reward/mean_brightness_mean"] for e in events if e["event"] == "progress"]
+    assert rewards[guard["at_iteration"] - 1] > rewards[0] + 0.03  # brightness rose while the judge fell
 
-    good = guard["ended_with_step"]
-    assert good == guard["at_step"] - 1  # the check before the violation (one optimizer step per iteration)
+    good = guard["ended_with"]
+    assert good == guard["at"] - 1  # the check before the violation (one optimizer step per iteration)
+    assert (guard["at_iteration"], guard["ended_with_iteration"]) == (guard["at"], good)
     exported = load_file(run.path("export") / "transformer" / "diffusion_pytorch_model.safetensors")
     checkpoint = load_file(run.path("train.hack") / "checkpoints" / f"step-{good}" / "model.safetensors")
     assert exported.keys() == checkpoint.keys()

@@ -73,14 +73,14 @@ def test_run_node_refuses_unknown_folders(tmp_path: Path) -> None:
 
 def test_run_node_prints_each_event_and_the_resume_warning(capsys) -> None:
     from flowpost.cli import _print_event
-    from flowpost.core.events import StartEvent, StepEvent
+    from flowpost.core.events import ProgressEvent, StartEvent
 
-    _print_event(StepEvent(stage="sft", step=1, max_steps=3, metrics={"loss": 0.25}))
+    _print_event(ProgressEvent(stage="sft", step=1, budget=3, metrics={"loss": 0.25}))
     _print_event(
         StartEvent(
             stage="sft",
             step=2,
-            max_steps=3,
+            budget=3,
             resumed_from="ckpt",
             ranks=1,
             resumed_with_ranks_from=2,
@@ -88,5 +88,5 @@ def test_run_node_prints_each_event_and_the_resume_warning(capsys) -> None:
         )
     )
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:2] == ["step 1/3 loss=0.25", "resuming from ckpt (step 2)"]
+    assert lines[:2] == ["step 1/3 loss=0.25", "resuming from ckpt at step 2"]
     assert lines[2].startswith("warning: checkpointed with 2 ddp process(es) and resumed with 1:") and len(lines) == 3

@@ -15,6 +15,7 @@ from flowpost.core.conditions import ConditionBatch
 from flowpost.core.evaluation.plan import EvalPlan, generate
 from flowpost.core.evaluation.samples import EvalSamples, Metric
 from flowpost.core.models.base import ModelAdapter
+from flowpost.core.progress import BudgetUnit, describe_position
 from flowpost.core.snapshots import Snapshot
 from flowpost.errors import FlowpostError
 
@@ -84,7 +85,8 @@ class GuardCheck:
 
 
 class StageGuard:
-    """Checks the weights every ``every`` budget units and at the end of the budget; the first check, at
+    """Checks the weights every ``every`` budget units (``unit``: steps, or iterations of an online trainer)
+    and at the end of the budget; the first check, at
     the stage start, is the baseline the others are compared with.
 
     ``weights`` is the snapshot checked (``ema`` falls back to the live weights without one). ``where``
@@ -97,6 +99,7 @@ class StageGuard:
         judge: Judge | None,
         bounds: dict[str, tuple[Metric, Band]],
         every: int,
+        unit: BudgetUnit = "step",
         plan: EvalPlan,
         held_out: HeldOut,
         weights: Literal["ema", "live"] = "ema",
@@ -106,18 +109,24 @@ class StageGuard:
             raise FlowpostError("a guard needs a metric with max_drop, or bounds", where=where)
         if every < 1:
             raise FlowpostError(
-                "a guard checks every guard.every budget units, or at train.checkpoint_every; set one of them",
+                "a guard checks every guard.every steps (iterations of an online trainer), or at train.checkpoint_every; "
+                "set one of them",
                 where=f"{where}.every",
             )
         self.judge = judge
         self.bounds = bounds
         self.every = every
+        self.unit = unit
         self.plan = plan
         self.held_out = held_out
         self.weights = weights
         self.where = where
         self.start: dict[str, float] | None = None
         self.checks: list[GuardCheck] = []
+
+    def position(self, check: GuardCheck) -> str:
+        """Where ``check`` was made: ``step 10``, or ``iteration 5 (step 10)``."""
+        return describe_position(check.step, check.units if self.unit == "iteration" else None)
 
     def due(self, units: int, budget: int) -> bool:
         return units % self.every == 0 or units == budget
@@ -204,6 +213,7 @@ class StageGuard:
             "better": self.judge.better if self.judge else None,
             "bounds": {key: asdict(band) for key, (_, band) in self.bounds.items()},
             "every": self.every,
+            "unit": self.unit,
             "samples": self.plan.samples,
             "weights": self.weights,
             "start": self.start,

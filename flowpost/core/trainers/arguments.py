@@ -13,6 +13,7 @@ from flowpost.core.contracts import (
     ExecutionContract,
     Paradigm,
 )
+from flowpost.core.progress import BudgetUnit
 from flowpost.core.trainers.optimizer_settings import AdamWSettings
 
 
@@ -28,12 +29,17 @@ class TrainerArguments(AdamWSettings, OmittingModel):
 
     execution_contract: ClassVar[ExecutionContract]
     paradigm: ClassVar[Paradigm]
+    budget_unit: ClassVar[BudgetUnit]  # what ``budget``, checkpoint_every and log_every count
     reads_latents: ClassVar[bool] = False  # encodes dataset media, so a latent cache (data.latents) may replace them
     reads_trajectories: ClassVar[bool] = False  # its dataset is a teacher-trajectories source
 
-    checkpoint_every: int = Field(0, ge=0, description="budget units between checkpoints; 0: end only")
+    checkpoint_every: int = Field(
+        0, ge=0, description="budget units (steps, or iterations of an online trainer) between checkpoints; 0: end only"
+    )
     keep_last: int | None = Field(None, ge=1, description="checkpoints kept (the newest); null: all")
-    log_every: int = Field(10, ge=1, description="budget units between logged events")
+    log_every: int = Field(
+        10, ge=1, description="budget units (steps, or iterations of an online trainer) between logged events"
+    )
     max_bad_steps: int = Field(
         3, ge=1, description="optimizer steps in a row with a non-finite loss or gradients before the stage stops"
     )
@@ -54,6 +60,7 @@ class DatasetArguments(TrainerArguments):
     """Trainers on a finite dataset: the budget is optimizer steps."""
 
     execution_contract: ClassVar[ExecutionContract] = OFFLINE_EXECUTION_CONTRACT
+    budget_unit: ClassVar[BudgetUnit] = "step"
 
     batch_size: int = Field(64, ge=1, description="global micro-batch size across all ranks")
     gradient_accumulation_steps: int = Field(1, ge=1)
@@ -76,6 +83,7 @@ class OnlineArguments(TrainerArguments):
     """
 
     execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
+    budget_unit: ClassVar[BudgetUnit] = "iteration"
 
     iterations: int = Field(30, ge=1, description="rollout iterations")
     prompts_per_iteration: int = Field(8, ge=1)

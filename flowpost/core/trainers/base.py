@@ -22,14 +22,14 @@ from flowpost.core.contracts import Acquisition, ExecutionContract, Paradigm
 from flowpost.core.distributed import any_over_ranks, mean_over_ranks
 from flowpost.core.evaluation.guard import GUARD_FILE, StageGuard
 from flowpost.core.evaluation.validation import ValidationGrid
-from flowpost.core.events import DoneEvent, EventLog, GuardEvent, StartEvent, StepEvent, resume_warning
+from flowpost.core.events import DoneEvent, EventLog, GuardEvent, ProgressEvent, StartEvent, resume_warning
 from flowpost.core.io import write_json_atomic
 from flowpost.core.ledger import COST_FILE, CostLedger
 from flowpost.core.logging import get_logger
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.precision import upcast_trainable
 from flowpost.core.parallel import parallel_layout
-from flowpost.core.progress import TrainingProgress
+from flowpost.core.progress import TrainingProgress, describe_position
 from flowpost.core.roles import role_problems
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.snapshots import Snapshot
@@ -251,6 +251,13 @@ class BaseTrainer(ABC):
     def completed_units(self) -> int:
         """Budget units done: optimizer steps (dataset) or rollout iterations (generation)."""
 
+    @property
+    def position(self) -> dict[str, int | None]:
+        """Where the stage stands, as its events record it: optimizer steps, and rollout iterations when the
+        budget counts them."""
+        iteration = self.completed_units if self.args.budget_unit == "iteration" else None
+        return {"step": self.progress.optimizer_step, "iteration": iteration}
+
     @abstractmethod
     def _run_cycles(self, budget: int) -> None:
         """Acquire and optimise until ``budget`` units are done, ending each unit with ``_end_budget_unit``."""
@@ -267,8 +274,8 @@ class BaseTrainer(ABC):
         self.events.write(
             StartEvent(
                 stage=self.stage,
-                step=self.completed_units,
-                max_steps=budget,
+                **self.position,
+                budget=budget,
                 resumed_from=str(resumed.path) if resumed else None,
                 ranks=ranks,
                 layout=layout,
@@ -300,7 +307,7 @@ class BaseTrainer(ABC):
         self.events.write(
             DoneEvent(
                 stage=self.stage,
-                step=self.completed_units,
+                **self.position,
                 progress=self.progress.to_dict(),
                 ranks=self.accelerator.num_processes,
             )
@@ -319,7 +326,7 @@ class BaseTrainer(ABC):
 
     def save_checkpoint(self) -> None:
         with self.ledger.phase("checkpoint"):
-            self.checkpoints.save(self.progress, units=self.completed_units)
+            self.checkpoints.save(self.progress, position=self.position)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate gradients of ``loss`` (already divided by the accumulation count)."""
@@ -418,16 +425,15 @@ class BaseTrainer(ABC):
         self.events.write(
             GuardEvent(
                 stage=self.stage,
-                step=done,
-                optimizer_step=step,
+                **self.position,
                 values=check.values,
                 start=self.guard.start,
                 violations=check.violations,
-                last_good=None if check.passed else last_good.units,
+                last_good=None if check.passed else last_good.step,
             )
         )
         if not check.passed:
-            raise GuardFired(self.stage, check, last_good)
+            raise GuardFired(self.stage, self.guard, check, last_good)
 
     def _end_budget_unit(self, budget: int, metrics: dict[str, float]) -> None:
         """Event, guard and checkpoint cadence, counted in budget units; a guard check that passes is
@@ -436,7 +442,7 @@ class BaseTrainer(ABC):
         done = self.completed_units
         stopping = self.bad_steps.exhausted or any_over_ranks(stop_requested() is not None, self.accelerator.device)
         if done % self.args.log_every == 0 or done == budget or stopping:
-            self.events.write(StepEvent(stage=self.stage, step=done, max_steps=budget, metrics=metrics))
+            self.events.write(ProgressEvent(stage=self.stage, **self.position, budget=budget, metrics=metrics))
         guarded = self.guard is not None and self.guard.due(done, budget)
         if guarded:
             self._check_guard()
@@ -451,7 +457,7 @@ class BaseTrainer(ABC):
                 where=f"stages.{self.stage}.train.max_bad_steps",
             )
         if stopping:
-            raise StageStopped(self.stage, done, stop_requested() or signal.SIGTERM)
+            raise StageStopped(self.stage, describe_position(**self.position), stop_requested() or signal.SIGTERM)
 
     def _seed_everything(self) -> None:
         seed = self.spec.seed

@@ -71,8 +71,9 @@ class CheckpointManager:
     ledger: CostLedger | None = None
     saved: TrainingProgress | None = None
 
-    def save(self, progress: TrainingProgress, *, units: int) -> None:
-        """Checkpoint ``progress``; ``units`` (budget units done) goes into the event."""
+    def save(self, progress: TrainingProgress, *, position: dict[str, int | None]) -> None:
+        """Checkpoint ``progress``; ``position`` (its step, and iteration for an online trainer) goes into the
+        event."""
         layout, snapshots = self.parallel, self.adapter.snapshots
         state = TrainingState(  # every rank builds it: gathering sharded weights is collective
             step=progress.optimizer_step,
@@ -102,10 +103,7 @@ class CheckpointManager:
             good = self.guard.last_good if self.guard is not None else None
             kept = (self.path(good.step),) if good is not None else ()
             path = save_checkpoint(self.output_dir / "checkpoints", state, keep_last=self.keep_last, also_keep=kept)
-            # ``step`` counts budget units like the other events; the folder is named by optimizer steps
-            self.events.write(
-                CheckpointEvent(stage=self.events.stage, step=units, optimizer_step=state.step, path=str(path))
-            )
+            self.events.write(CheckpointEvent(stage=self.events.stage, **position, path=str(path)))
         self.accelerator.wait_for_everyone()
         self.saved = progress
 

@@ -10,7 +10,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flowpost.core.evaluation.guard import GuardCheck
+    from flowpost.core.evaluation.guard import GuardCheck, StageGuard
 
 _requested: list[signal.Signals] = []
 
@@ -18,20 +18,20 @@ _requested: list[signal.Signals] = []
 class StageStopped(Exception):  # noqa: N818 - a requested stop, not an error
     """Raised by the loop once every rank saw the stop request and a checkpoint holds the progress."""
 
-    def __init__(self, stage: str, units: int, signum: signal.Signals) -> None:
+    def __init__(self, stage: str, position: str, signum: signal.Signals) -> None:
         self.signum = signum
-        super().__init__(f"stage {stage!r} stopped by {signum.name} after {units} budget units, checkpoint saved")
+        super().__init__(f"stage {stage!r} stopped by {signum.name} at {position}, checkpoint saved")
 
 
 class GuardFired(Exception):  # noqa: N818 - the guard's verdict, not an error
     """Raised by the loop when a guard check fails; the stage then ends with ``last_good``'s checkpoint."""
 
-    def __init__(self, stage: str, check: GuardCheck, last_good: GuardCheck) -> None:
+    def __init__(self, stage: str, guard: StageGuard, check: GuardCheck, last_good: GuardCheck) -> None:
         self.check = check
         self.last_good = last_good
         super().__init__(
-            f"guard of stage {stage!r} fired after {check.units} budget units: {'; '.join(check.violations)}; "
-            f"the stage ends with its checkpoint after {last_good.units} (optimizer step {last_good.step})"
+            f"guard of stage {stage!r} fired at {guard.position(check)}: {'; '.join(check.violations)}; "
+            f"the stage ends with its checkpoint of {guard.position(last_good)}"
         )
 
 

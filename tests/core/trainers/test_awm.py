@@ -116,7 +116,7 @@ def test_a_short_stage_changes_the_weights_and_stays_finite(make_trainer, tmp_pa
     if lora_rank is not None:
         assert all("lora_" in k for k in changed)
     assert trainer.adapter.snapshots.names() == ["anchor", "ref"]
-    metrics = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "step"][-1]["metrics"]
+    metrics = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "progress"][-1]["metrics"]
     assert {"policy_loss", "kl", "ema_kl", "clip_fraction", "on_policy_ratio_error"} <= set(metrics)
     assert metrics["kl"] > 0 and metrics["on_policy_ratio_error"] == 0.0
 

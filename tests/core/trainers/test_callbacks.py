@@ -47,7 +47,7 @@ def test_gradient_clipping_reports_the_norm_and_clips(make_trainer, tmp_path):
     from flowpost.core.events import read_events
 
     trainer = _run(make_trainer, tmp_path, {"grad_clip": {"max_norm": 1e-3}}, max_steps=2)
-    steps = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "step"]
+    steps = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "progress"]
     assert len(steps) == 2 and all(e["metrics"]["grad_norm"] > 1e-3 for e in steps)
 
     batch = next(trainer.build_loader().iter_epoch(0))

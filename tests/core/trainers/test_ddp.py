@@ -70,7 +70,7 @@ def _weights(out: Path, kind: str = "live") -> dict[str, torch.Tensor]:
 
 
 def _metrics(out: Path) -> list[dict[str, float]]:
-    return [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+    return [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
 
 
 STAGES = [

@@ -24,7 +24,7 @@ def _trainable(trainer) -> dict[str, torch.Tensor]:
 
 
 def _step_metrics(out: Path) -> list[dict]:
-    return [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+    return [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
 
 
 def test_a_consistency_stage_trains_the_student_and_keeps_the_teacher(make_trainer, tmp_path):

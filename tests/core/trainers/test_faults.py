@@ -35,7 +35,7 @@ def _weights(trainer: SFTTrainer) -> dict[str, torch.Tensor]:
 
 
 def _steps(out) -> list[dict[str, Any]]:  # noqa: ANN001
-    return [e for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+    return [e for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
 
 
 def test_a_non_finite_step_is_skipped_and_counted(make_trainer, tmp_path):
@@ -87,7 +87,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resumes_identically(make_train
     straight = make_trainer(tmp_path / "straight", max_steps=4, resume=False)
     straight.start()
     stopped = make_trainer(tmp_path / "stopped", max_steps=4, listeners={"terminate": Terminate()})
-    with stop_on_sigterm(), pytest.raises(StageStopped, match="stopped by SIGTERM after 2 budget units") as info:
+    with stop_on_sigterm(), pytest.raises(StageStopped, match="stopped by SIGTERM at step 2,") as info:
         stopped.start()
     assert info.value.signum == signal.SIGTERM
     assert latest_checkpoint(tmp_path / "stopped" / "checkpoints").name == "step-2"

@@ -163,14 +163,14 @@ def test_a_grpo_stage_runs_checkpoints_and_resumes_to_identical_weights(make_tra
     straight = make_trainer(tmp_path / "straight", cls=GRPOTrainer, resume=False, **settings)
     progress = straight.start()
     assert (progress.rollout_iteration, progress.optimizer_step) == (3, 6)
-    steps = [e for e in read_events(tmp_path / "straight" / "events.jsonl") if e["event"] == "step"]
-    assert [e["step"] for e in steps] == [1, 2, 3]
+    steps = [e for e in read_events(tmp_path / "straight" / "events.jsonl") if e["event"] == "progress"]
+    assert [(e["iteration"], e["step"]) for e in steps] == [(1, 2), (2, 4), (3, 6)]
     assert {"reward/total_mean", "advantage/zero_fraction", "kl", "clip_fraction"} <= set(steps[-1]["metrics"])
 
     first = make_trainer(tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **{**settings, "iterations": 2})
     first.start()
     saved = [e for e in read_events(tmp_path / "resumed" / "events.jsonl") if e["event"] == "checkpoint"]
-    assert [(e["step"], e["optimizer_step"]) for e in saved] == [(1, 2), (2, 4)]  # iterations, like step events
+    assert [(e["iteration"], e["step"]) for e in saved] == [(1, 2), (2, 4)]
     assert saved[-1]["path"].endswith("step-4")
     resumed = make_trainer(tmp_path / "resumed", cls=GRPOTrainer, checkpoint_every=1, **settings)
     resumed.start()

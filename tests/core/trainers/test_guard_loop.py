@@ -91,12 +91,12 @@ def test_the_export_and_the_report_say_the_guard_fired(make_trainer, make_guard,
     manifest = export_stage(
         stage="sft", train_dir=stage_dir, out_dir=out, weights="live", resolved_config={}, fingerprints={}
     )
-    assert manifest["step"] == 0 and manifest["guard"]["fired"] and manifest["guard"]["ended_with_step"] == 0
+    assert manifest["step"] == 0 and manifest["guard"]["fired"] and manifest["guard"]["ended_with"] == 0
     card = (tmp_path / "export" / "README.md").read_text()
-    assert "Guard: guard of stage 'sft' fired after 2 budget units" in card
+    assert "Guard: guard of stage 'sft' fired at step 2:" in card
     write_report(name="t", eval_dirs={}, export_dir=None, out_dirs=[tmp_path / "report"], guard_dirs={"sft": stage_dir})
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "## Guards" in report and "brightness" in report and "last good checkpoint, after 0 budget units" in report
+    assert "## Guards" in report and "brightness" in report and "last good checkpoint, of step 0;" in report
 
 
 def test_a_resumed_stage_keeps_its_baseline_and_checks(make_trainer, make_guard, tmp_path):

@@ -124,7 +124,7 @@ def test_an_nft_stage_trains_and_refreshes_the_old_policy_by_its_decay(make_trai
     decay = 0.002  # min(0.001 k, 0.5) after k = 2 optimizer steps
     for key, value in snapshots.state_dict("old").items():
         torch.testing.assert_close(value, decay * trainable[key] + (1 - decay) * live[key])
-    metrics = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "step"][-1]["metrics"]
+    metrics = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "progress"][-1]["metrics"]
     assert {"loss", "nft_loss", "kl", "r_mean", "reward/total_mean"} <= set(metrics)
     assert metrics["old_decay"] == pytest.approx(decay) and metrics["kl"] > 0
 

@@ -79,7 +79,7 @@ def test_training_raises_the_margin_and_keeps_the_reference_frozen(make_trainer,
     assert all(torch.equal(initial[k], reference[k]) for k in initial)
     live = dict(trainer.adapter.module().named_parameters())
     assert any(not torch.equal(live[k].detach(), initial[k]) for k in initial)
-    steps = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "step"]
+    steps = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "progress"]
     assert {"loss", "margin", "implicit_accuracy", "reward_chosen", "reward_rejected", "reward_margin"} <= set(
         steps[-1]["metrics"]
     )

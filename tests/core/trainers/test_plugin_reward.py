@@ -26,7 +26,9 @@ def test_a_grpo_stage_trains_on_the_example_plugin_reward(make_trainer, tmp_path
             train_batch_size=4,
         )
         trainer.start()
-    steps = [event["metrics"] for event in read_events(tmp_path / "out" / "events.jsonl") if event["event"] == "step"]
+    steps = [
+        event["metrics"] for event in read_events(tmp_path / "out" / "events.jsonl") if event["event"] == "progress"
+    ]
     assert len(steps) == 2
     for metrics in steps:
         assert -0.5 <= metrics["reward/contrast_mean"] < 0

@@ -36,7 +36,7 @@ def test_one_grpo_iteration_on_the_reward(make_trainer, tmp_path: Path, name: st
     before = {key: value.clone() for key, value in trainer.adapter.module().state_dict().items()}
     progress = trainer.start()
     assert (progress.rollout_iteration, progress.optimizer_step) == (1, 2)
-    (step,) = [event for event in read_events(tmp_path / "run" / "events.jsonl") if event["event"] == "step"]
+    (step,) = [event for event in read_events(tmp_path / "run" / "events.jsonl") if event["event"] == "progress"]
     metrics = step["metrics"]
     assert metrics[f"reward/{name}_mean"] == pytest.approx(metrics["reward/total_mean"])
     assert metrics[f"reward/{name}_std"] > 0  # eight different images scored differently
