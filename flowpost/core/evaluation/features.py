@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from flowpost.core.rewards.clip import load_pretrained
+from flowpost.core.rewards.model_options import batch_size_option, scoring_device
 from flowpost.errors import FlowpostError
 
 FeatureKind = Literal["clip", "dinov2"]
@@ -39,19 +40,10 @@ class ImageFeatures:
 
         if not isinstance(model, str) or not model:
             raise FlowpostError(f"model must be a folder or hub id, got {model!r}", where="options.model")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise FlowpostError(
-                f"batch_size must be a positive integer, got {batch_size!r}", where="options.batch_size"
-            )
-        try:
-            self.device = torch.device(device) if device is not None else None
-        except (RuntimeError, TypeError):
-            raise FlowpostError(
-                f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}", where="options.device"
-            ) from None
+        self.batch_size = batch_size_option(batch_size)
+        self.device = scoring_device(device)
         loader = CLIPModel if kind == "clip" else Dinov2Model
         self.kind = kind
-        self.batch_size = batch_size
         self.model = load_pretrained(loader, model, "model").float().eval().requires_grad_(False)
         processor = load_pretrained(AutoImageProcessor, model, "model")
         self.size = _input_size(processor)

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from flowpost.core.rewards.model_options import scoring_options
 from flowpost.errors import FlowpostError
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 RESAMPLING = {0: "nearest-exact", 2: "bilinear", 3: "bicubic"}  # PIL filter codes used by image processors
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 CLIP_SCORE_SCALE = 100.0
@@ -67,24 +67,11 @@ class ClipSimilarity:
     ) -> None:
         from transformers import AutoImageProcessor, CLIPModel, CLIPTokenizer
 
-        if dtype not in DTYPES:
-            raise FlowpostError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", where="options.dtype")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise FlowpostError(
-                f"batch_size must be a positive integer, got {batch_size!r}", where="options.batch_size"
-            )
-        try:
-            self.device = torch.device(device) if device is not None else None
-        except (RuntimeError, TypeError):
-            raise FlowpostError(
-                f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}", where="options.device"
-            ) from None
+        self.device, self.dtype, self.batch_size = scoring_options(device, dtype, batch_size)
         if not isinstance(model, str | Path):
             raise FlowpostError(f"model must be a folder or hub id, got {model!r}", where="options.model")
         processor_option = "model" if processor is None else "processor"
         processor_source = str(model if processor is None else processor)
-        self.dtype = DTYPES[dtype]
-        self.batch_size = batch_size
         self.model = load_pretrained(CLIPModel, str(model), "model").to(dtype=self.dtype).eval().requires_grad_(False)
         self.tokenizer = load_pretrained(CLIPTokenizer, processor_source, processor_option)
         self.image_processor = load_pretrained(AutoImageProcessor, processor_source, processor_option)

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from flowpost.core.rewards.clip import DTYPES
 from flowpost.errors import FlowpostError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def scoring_device(device: str | None) -> torch.device | None:

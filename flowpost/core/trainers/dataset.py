@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, ClassVar
 
@@ -33,6 +33,15 @@ class DatasetTrainer(BaseTrainer):
     @abstractmethod
     def build_loader(self) -> BatchLoader:
         """The finite, rank-aware loader (``batches_per_epoch``, ``iter_epoch``)."""
+
+    def rank_loader(self, factory: Callable[..., BatchLoader]) -> BatchLoader:
+        """This rank's loader from a stage input's ``factory``: the global batch size, the stage's seed."""
+        return factory(
+            global_batch_size=self.args.batch_size,
+            seed=self.spec.seed,
+            rank=self.accelerator.process_index,
+            world_size=self.accelerator.num_processes,
+        )
 
     @abstractmethod
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -74,12 +74,7 @@ class ConsistencyTrainer(DatasetTrainer):
         self.grid = self.adapter.inference_sigmas(self.args.teacher_steps)
 
     def build_loader(self) -> BatchLoader:
-        return self.loader_factory(
-            global_batch_size=self.args.batch_size,
-            seed=self.spec.seed,
-            rank=self.accelerator.process_index,
-            world_size=self.accelerator.num_processes,
-        )
+        return self.rank_loader(self.loader_factory)
 
     def _target_weights(self) -> contextlib.AbstractContextManager:
         if self.args.target_weights == "ema":

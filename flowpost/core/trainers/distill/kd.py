@@ -63,12 +63,7 @@ class KDTrainer(DatasetTrainer):
         self.sigmas = torch.tensor(sigmas, dtype=torch.float32)
 
     def build_loader(self) -> BatchLoader:
-        return self.loader_factory(
-            global_batch_size=self.args.batch_size,
-            seed=self.spec.seed,
-            rank=self.accelerator.process_index,
-            world_size=self.accelerator.num_processes,
-        )
+        return self.rank_loader(self.loader_factory)
 
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         device = self.accelerator.device

@@ -65,12 +65,7 @@ class OfflineDPOTrainer(DatasetTrainer):
         self.adapter.snapshots.capture(Snapshot.REFERENCE, self.adapter.module())
 
     def build_loader(self) -> BatchLoader:
-        return self.loader_factory(
-            global_batch_size=self.args.batch_size,
-            seed=self.spec.seed,
-            rank=self.accelerator.process_index,
-            world_size=self.accelerator.num_processes,
-        )
+        return self.rank_loader(self.loader_factory)
 
     def optimize_batch(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         device, args = self.accelerator.device, self.args
