@@ -18,7 +18,7 @@ import torch
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.callbacks.ema import EMACallback
 from flowpost.core.callbacks.grad_clip import GradClipCallback
-from flowpost.core.callbacks.tracking import TrackingCallback
+from flowpost.core.callbacks.tracking import RunIdentity, TrackingCallback
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema.evaluation import GuardConfig
 from flowpost.core.config.schema.rewards import RewardConfig
@@ -54,15 +54,23 @@ SMOKE_GUARD_SAMPLES = 20  # a smoke run's guard checks this many samples at most
 ENTRY = "flowpost.stage"  # this module, as ``python -m`` and torchrun start it
 
 
-def build_callbacks(config: CallbacksConfig, spec: StageSpec) -> dict[str, Callback]:
-    """Callbacks by their ``callbacks:`` key, in a fixed order: clipping, EMA, tracking."""
+def build_callbacks(config: CallbacksConfig, spec: StageSpec, *, trainer: str, family: str) -> dict[str, Callback]:
+    """Callbacks by their ``callbacks:`` key, in a fixed order: clipping, EMA, tracking (whose runs name the
+    stage's ``trainer`` and model ``family``)."""
     callbacks: dict[str, Callback] = {}
     if config.grad_clip is not None:
         callbacks["grad_clip"] = GradClipCallback(max_norm=config.grad_clip.max_norm)
     if config.ema is not None:
         callbacks["ema"] = EMACallback(**config.ema.model_dump())
     if config.trackers:
-        callbacks["trackers"] = TrackingCallback(list(config.trackers), Path(spec.output_dir) / "logs")
+        identity = RunIdentity(
+            pipeline=spec.pipeline or spec.stage,
+            stage=spec.stage,
+            trainer=trainer,
+            family=family,
+            output_dir=Path(spec.output_dir),
+        )
+        callbacks["trackers"] = TrackingCallback(list(config.trackers), Path(spec.output_dir) / "logs", identity)
     return callbacks
 
 
@@ -236,7 +244,7 @@ def build_trainer(spec: StageSpec) -> BaseTrainer:
         args=args,
         adapter=adapter,
         inputs=inputs,
-        callbacks=build_callbacks(stage.callbacks, spec),
+        callbacks=build_callbacks(stage.callbacks, spec, trainer=stage.trainer, family=stage.model.family),
         validation=build_validation(stage.callbacks, spec, inputs),
         guard=build_guard(stage.guard, spec, inputs, every=args.checkpoint_every, unit=args.budget_unit),
         sampling=stage.sampling,

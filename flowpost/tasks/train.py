@@ -42,6 +42,7 @@ def stage_spec(
         extra["encoder"] = encoder_settings(Path(conditions_dir))
     return StageSpec(
         stage=stage,
+        pipeline=pipeline.name,
         seed=pipeline.seed,
         smoke=pipeline.smoke,
         config=pipeline.stages[stage].model_dump(mode="json"),

@@ -25,6 +25,7 @@ class TrainerView(Protocol):
     parallel: Any
     model: nn.Module
     args: Any
+    cost: dict[str, Any] | None  # the cost ledger's summary, once the stage has ended
 
     @property
     def budget(self) -> int: ...

@@ -160,6 +160,7 @@ class BaseTrainer(ABC):
         self.parallel = parallel_layout(spec.launch.get("backend", "ddp"), self.accelerator.num_processes)
         self.cycle_metrics: dict[str, float] = {}  # the current cycle's rewards: every step's trackers see them
         self.bad_steps = BadSteps(args.max_bad_steps)
+        self.cost: dict[str, Any] | None = None  # the ledger's summary once the stage has ended
         self.ledger = CostLedger(
             self.accelerator.device,
             world_size=self.accelerator.num_processes,
@@ -291,7 +292,6 @@ class BaseTrainer(ABC):
             log.warning("stage %s: %s", self.stage, fired)
         if self.checkpoints.saved != self.progress:
             self.save_checkpoint()
-        self.callbacks.on_train_end(self)
         if not self.parallel.ranks_agree(self.model):
             raise FlowpostError(
                 f"stage {self.stage!r}: the {self.accelerator.num_processes} ranks ended with different weights",
@@ -301,9 +301,10 @@ class BaseTrainer(ABC):
             self.checkpoints.save_final(self.progress)
         if self.guard is not None and self.accelerator.is_main_process:
             write_json_atomic(self.output_dir / "final" / GUARD_FILE, self.guard.summary())
-        cost = self.ledger.summary()  # on every rank: peak memory is gathered over them
+        self.cost = self.ledger.summary()  # on every rank: peak memory is gathered over them
         if self.accelerator.is_main_process:
-            write_json_atomic(self.output_dir / "final" / COST_FILE, cost)
+            write_json_atomic(self.output_dir / "final" / COST_FILE, self.cost)
+        self.callbacks.on_train_end(self)
         self.events.write(
             DoneEvent(
                 stage=self.stage,

@@ -28,6 +28,7 @@ class StageSpec:
     init_from: str | None = None
     resume: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    pipeline: str | None = None  # the pipeline's name, for trackers
 
     @property
     def num_processes(self) -> int:

@@ -211,7 +211,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
             args=arguments,
             adapter=adapter,
             inputs=inputs,
-            callbacks=build_callbacks(callback_config, spec) | (listeners or {}),
+            callbacks=build_callbacks(callback_config, spec, trainer=name, family="tiny-sd3") | (listeners or {}),
             validation=build_validation(callback_config, spec, inputs),
             guard=guard,
             sampling=SamplingConfig.model_validate(sampling or {}),

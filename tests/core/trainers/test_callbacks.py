@@ -36,10 +36,17 @@ def test_validation_prompt_missing_from_the_cache_is_a_clear_error(make_trainer,
 
 
 def test_trackers_write_tensorboard_and_dvclive_logs(make_trainer, tmp_path):
-    _run(make_trainer, tmp_path, {"trackers": ["tensorboard", "dvclive"]})
-    assert list((tmp_path / "logs" / "tensorboard").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    validation = {"every": 2, "prompts": ["digit 1"], "samples_per_prompt": 2, "steps": 2}
+    _run(make_trainer, tmp_path, {"trackers": ["tensorboard", "dvclive"], "validation": validation})
+    events = EventAccumulator(str(tmp_path / "logs" / "tensorboard"), size_guidance={"images": 0}).Reload()
+    assert [e.step for e in events.Images("validation/grid")] == [2, 4]
+    assert "cost/wall_seconds" in events.Tags()["scalars"]
     loss_log = tmp_path / "logs" / "dvclive" / "plots" / "metrics" / "loss.tsv"
     assert len(loss_log.read_text().splitlines()) == 1 + 4  # header + one row per step
+    images = sorted(p.name for p in (tmp_path / "logs" / "dvclive" / "plots" / "images").rglob("*.png"))
+    assert images == ["step-2.png", "step-4.png"]
 
 
 def test_gradient_clipping_reports_the_norm_and_clips(make_trainer, tmp_path):
