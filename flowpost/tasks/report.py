@@ -29,10 +29,10 @@ def write_report(
     train_dirs: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
-    [intervals], [guard: {fired, checks, at, ended_with (steps)}], [cost: {...}]}}`` to each out dir (``cost``: the stage's
-    cost ledger from ``train_dirs``, stage -> training folder, with its reward gain: ``flowpost.tasks.cost``);
-    report.md adds the table comparing the stages' costs, what the guards of ``guard_dirs`` (stage -> training
-    folder) decided, each stage's checkpoint curve (``evaluate.every``),
+    [intervals], [guard: {fired, checks, at, ended_with (steps)}], [cost: {...}]}}`` to each out dir
+    (``cost``: the stage's cost ledger from ``train_dirs``, stage -> training folder, with its reward gain:
+    ``flowpost.tasks.cost``); report.md adds the table comparing the stages' costs, what the guards of
+    ``guard_dirs`` (stage -> training folder) decided, each stage's checkpoint curve (``evaluate.every``),
     the sample grids (embedded), the export and the promotion gate's decision."""
     metrics: dict[str, Any] = {}
     headlines: dict[str, str] = {}

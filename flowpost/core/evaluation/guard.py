@@ -109,8 +109,8 @@ class StageGuard:
             raise FlowpostError("a guard needs a metric with max_drop, or bounds", where=where)
         if every < 1:
             raise FlowpostError(
-                "a guard checks every guard.every steps (iterations of an online trainer), or at train.checkpoint_every; "
-                "set one of them",
+                "a guard checks every guard.every steps (iterations of an online trainer), or at "
+                "train.checkpoint_every; set one of them",
                 where=f"{where}.every",
             )
         self.judge = judge
