@@ -107,4 +107,4 @@ def test_a_stage_refuses_a_judge_left_without_a_direction(tmp_path) -> None:
     config = GuardConfig.model_validate({"metric": "brightness", "max_drop": 0.1})
     spec = StageSpec(stage="grpo", seed=0, config={}, output_dir=str(tmp_path))
     with pytest.raises(FlowpostError, match=rf"{GUARD}\.better: the judge has no direction"):
-        build_guard(config, spec, StageInputs(), every=1)
+        build_guard(config, spec, StageInputs(), every=1, unit="step")
