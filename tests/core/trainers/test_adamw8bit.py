@@ -13,7 +13,9 @@ from torchao.optim.subclass_8bit import OptimState8bit
 from flowpost.core.checkpoint import latest_checkpoint, load_checkpoint
 from flowpost.core.events import read_events
 from flowpost.core.trainers.base import BaseTrainer
+from flowpost.core.trainers.optimizers import OptimizerConfig, build_role_optimizer, check_role_optimizers
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
+from flowpost.errors import FlowpostError
 
 LORA_RANK = 256  # the tiny network's adapters reach torchao's 4096 values only at this rank
 
@@ -100,3 +102,17 @@ def test_a_checkpoint_holds_the_8_bit_moments_as_plain_tensors(make_trainer, tmp
     assert codes and all(c["int8_codes"].dtype == torch.uint8 and type(c["int8_codes"]) is torch.Tensor for c in codes)
     live = [v for s in trainer.optimizer.optimizer.state.values() for v in s.values() if isinstance(v, OptimState8bit)]
     assert sorted(c["int8_codes"].numel() for c in codes) == sorted(v.codes.numel() for v in live)
+
+
+def test_a_role_named_adamw8bit_gets_torchao_s_optimizer_with_its_settings_and_only_on_ddp():
+    from torchao.optim import AdamW8bit
+
+    config = OptimizerConfig(name="adamw8bit", lr=2e-3, adam_betas=(0.8, 0.95), weight_decay=0.1)
+    role = build_role_optimizer("generator", [("weight", torch.nn.Parameter(torch.ones(64, 64)))], config, stage="d")
+    [optimizer] = role.optimizer
+    assert isinstance(optimizer, AdamW8bit) and optimizer.block_size == 256
+    assert optimizer.defaults["betas"] == (0.8, 0.95) and optimizer.defaults["weight_decay"] == 0.1
+    assert float(optimizer.param_groups[0]["lr"]) == pytest.approx(2e-3)  # torchao holds it as an fp32 tensor
+    check_role_optimizers(("generator",), {"generator": config}, "ddp", 2, stage="d")
+    with pytest.raises(FlowpostError, match=r"stages.d.optimizers.generator.name: adamw8bit runs on .* ddp only"):
+        check_role_optimizers(("generator",), {"generator": config}, "fsdp2", 2, stage="d")
