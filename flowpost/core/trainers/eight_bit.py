@@ -2,8 +2,8 @@
 checkpoint as plain tensors (codes, block scales, code map) so that a checkpoint reads back without torchao's
 classes being allowed for unpickling.
 
-torchao quantizes the moments of a tensor of at least ``MIN_QUANTIZED`` values that ``BLOCK_SIZE`` divides;
-the moments of smaller tensors (biases, norms, tiny adapters) stay fp32.
+torchao quantizes the moments of a tensor of at least 4096 values that ``BLOCK_SIZE`` divides; the moments of
+smaller tensors (biases, norms, tiny adapters) stay fp32.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from flowpost.core.extras import TORCHAO_INSTALL, torchao_installed
 from flowpost.errors import FlowpostError
 
 BLOCK_SIZE = 256  # values per fp32 scale: torchao's default
-MIN_QUANTIZED = 4096  # smaller tensors keep fp32 moments (as bitsandbytes does)
 STATE_BYTES_PER_VALUE = 2 * (1 + 4 / BLOCK_SIZE)  # two moments: a uint8 code and a share of an fp32 scale each
 EIGHT_BIT_BACKENDS = ("ddp",)  # FSDP2 cannot load torchao's 8-bit moments back into shards; DeepSpeed owns its own
 _CODES = "int8_codes"  # marks a moment written as plain tensors
+MISSING = f"adamw8bit needs torchao, which is not installed; {TORCHAO_INSTALL}"
 
 
 def adamw8bit(
@@ -30,7 +30,8 @@ def adamw8bit(
 ) -> torch.optim.Optimizer:
     """torchao's ``AdamW8bit`` over ``parameters`` (torchao is imported here: it logs at import); ``where``
     names the config key that chose it."""
-    check_eight_bit("ddp", 1, where=where)
+    if not torchao_installed():
+        raise FlowpostError(MISSING, where=where)
     from torchao.optim import AdamW8bit
 
     return AdamW8bit(parameters, lr=lr, betas=betas, weight_decay=weight_decay, block_size=BLOCK_SIZE)
@@ -40,7 +41,7 @@ def eight_bit_problems(backend: str, processes: int) -> list[str]:
     """Why ``adamw8bit`` cannot run on ``processes`` of ``backend`` here (none when it can)."""
     problems = []
     if not torchao_installed():
-        problems.append(f"adamw8bit needs torchao, which is not installed; {TORCHAO_INSTALL}")
+        problems.append(MISSING)
     if processes > 1 and backend not in EIGHT_BIT_BACKENDS:
         reason = (
             "DeepSpeed ZeRO-2 steps an optimizer of its own"
