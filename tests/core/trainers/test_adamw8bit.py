@@ -116,3 +116,38 @@ def test_a_role_named_adamw8bit_gets_torchao_s_optimizer_with_its_settings_and_o
     check_role_optimizers(("generator",), {"generator": config}, "ddp", 2, stage="d")
     with pytest.raises(FlowpostError, match=r"stages.d.optimizers.generator.name: adamw8bit runs on .* ddp only"):
         check_role_optimizers(("generator",), {"generator": config}, "fsdp2", 2, stage="d")
+
+
+@pytest.mark.slow
+def test_dmd2_with_an_adamw8bit_role_resumes_bit_identically(make_trainer, tmp_path):
+    from flowpost.core.trainers.distill.dmd2 import DMD2Trainer
+    from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
+
+    settings = {
+        "cls": DMD2Trainer,
+        "sampling": {"dynamics": "ode", "steps": 2, "guidance": 1.0},
+        "optimizers": {GENERATOR: {"lr": 1e-3}, FAKE_SCORE: {"name": "adamw8bit", "lr": 2e-3}},
+        "prompts_per_iteration": 4,
+        "group_size": 1,
+        "rollout_batch_size": 4,
+        "train_batch_size": 4,
+        "ttur": 2,
+    }
+    straight = make_trainer(tmp_path / "straight", resume=False, iterations=2, **settings)
+    straight.start()
+    make_trainer(tmp_path / "resumed", checkpoint_every=1, iterations=1, **settings).start()
+    resumed = make_trainer(tmp_path / "resumed", checkpoint_every=1, iterations=2, **settings)
+    resumed.start()
+    [a], [b] = straight.roles[FAKE_SCORE].optimizer, resumed.roles[FAKE_SCORE].optimizer
+    moments = [(x[k], y[k]) for x, y in zip(a.state.values(), b.state.values(), strict=True) for k in ("exp_avg",)]
+    assert any(isinstance(x, OptimState8bit) for x, _ in moments)
+    assert all(
+        torch.equal(x.codes, y.codes) and torch.equal(x.scale, y.scale)
+        if isinstance(x, OptimState8bit)
+        else torch.equal(x, y)
+        for x, y in moments
+    )
+    for role in (GENERATOR, FAKE_SCORE):
+        wa = straight.adapter.variants.module(role).state_dict()
+        wb = resumed.adapter.variants.module(role).state_dict()
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
