@@ -1,6 +1,8 @@
 """A stage's peak memory per GPU, estimated from its model's footprint, its layout and its batch.
 
-Weights, gradients and AdamW's two moments take each parameter's own dtype; snapshots (reference, EMA,
+Weights, gradients and AdamW's two moments take each parameter's own dtype (with ``adamw8bit``, the moments
+take one byte per value plus an fp32 scale per block: ``eight_bit.STATE_BYTES_PER_VALUE``; torchao keeps the
+moments of tensors under 4096 values in fp32, which this leaves out); snapshots (reference, EMA,
 old policy, anchor, teacher) are fp32 copies of the trainable parameters (with LoRA: the adapters only).
 FSDP2 shards all of them over the ranks; DeepSpeed ZeRO-2 shards gradients and optimizer state; DDP
 replicates everything. Activations are rough: ``ACTIVATION_BYTES`` per token, hidden unit and block in
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowpost.core.models.footprint import ModelFootprint
+from flowpost.core.trainers.eight_bit import STATE_BYTES_PER_VALUE
 
 ADAM_MOMENTS = 2  # AdamW's exp_avg and exp_avg_sq, in the parameter's dtype
 SNAPSHOT_ITEMSIZE = 4  # roles.Snapshots holds fp32 copies
@@ -51,10 +54,12 @@ def estimate_memory(
     text_tokens: int,
     activation_itemsize: int,
     lora: bool = False,
+    eight_bit_roles: int = 0,
 ) -> MemoryEstimate:
     """Per-GPU bytes for ``roles`` trainable copies (LoRA: adapters on one shared base) and ``snapshots``,
     training ``micro_batch`` samples per GPU of ``image_tokens + text_tokens`` tokens; ``lora``: the trainable
-    parameters are adapters, whose intermediates grow with their rank."""
+    parameters are adapters, whose intermediates grow with their rank; ``eight_bit_roles`` of the roles step
+    ``adamw8bit``."""
     frozen = footprint.weight_bytes - footprint.trainable_bytes
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
@@ -72,7 +77,11 @@ def estimate_memory(
     return MemoryEstimate(
         weights=(frozen + trainable) * weight_share,
         gradients=trainable * state_share,
-        optimizer=ADAM_MOMENTS * trainable * state_share,
+        optimizer=(
+            ADAM_MOMENTS * (roles - eight_bit_roles) * footprint.trainable_bytes
+            + STATE_BYTES_PER_VALUE * eight_bit_roles * footprint.trainable
+        )
+        * state_share,
         snapshots=snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE * weight_share,
         activations=micro_batch * per_sample,
     )

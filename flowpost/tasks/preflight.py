@@ -70,12 +70,20 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
         world_size=stage.launch.num_processes,
         backend=stage.launch.backend,
         roles=max(1, len(trainer_class(stage.trainer).required_trainable_roles)),
+        eight_bit_roles=eight_bit_roles(stage),
         snapshots=len(stage_snapshots(stage)),
         micro_batch=micro_batch_per_gpu(stage),
         text_tokens=text_tokens(config, stage),
         activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
         lora=stage.model.lora is not None,
     )
+
+
+def eight_bit_roles(stage: StageConfig) -> int:
+    """The stage's trainable networks whose optimizer keeps 8-bit moments (``adamw8bit``)."""
+    if stage.optimizers:
+        return sum(config.name == "adamw8bit" for config in stage.optimizers.values())
+    return int(stage.arguments().optimizer == "adamw8bit")
 
 
 def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:

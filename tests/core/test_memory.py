@@ -60,3 +60,14 @@ def test_activations_grow_with_tokens_and_batch_and_shrink_with_checkpointing() 
     assert _estimate(checkpointed, micro_batch=2).activations == 2 * (
         3 * tokens * 8 * 2 + tokens * 8 * ACTIVATION_BYTES
     )
+
+
+def test_adamw8bit_roles_keep_a_byte_per_moment_value_and_a_scale_per_block() -> None:
+    fp32, one, both = (
+        _estimate(FULL, roles=2),
+        _estimate(FULL, roles=2, eight_bit_roles=1),
+        _estimate(FULL, roles=2, eight_bit_roles=2, backend="deepspeed-zero2", world_size=2),
+    )
+    assert fp32.optimizer == 2 * ADAM_MOMENTS * 2000 and one.optimizer == ADAM_MOMENTS * 2000 + 1000 * 2 * (1 + 4 / 256)
+    assert both.optimizer == 2 * 1000 * 2 * (1 + 4 / 256) / 2  # sharded like fp32 moments
+    assert (one.weights, one.gradients, one.activations) == (fp32.weights, fp32.gradients, fp32.activations)

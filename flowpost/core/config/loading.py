@@ -158,6 +158,7 @@ def validate_pipeline(
         problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
         problems += _sampling_problems(name, stage, arguments.paradigm)
         problems += _role_problems(name, stage, arguments)
+        problems += _optimizer_problems(name, stage, arguments)
         problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
         problems += _guard_problems(name, stage, arguments, pipeline.datasets)
         problems += _stage_model_problems(name, stage)
@@ -591,6 +592,17 @@ def _sampling_problems(name: str, stage: StageConfig, paradigm: Paradigm) -> lis
 ROLE_OPTIMIZER_FIELDS = tuple(AdamWSettings.model_fields)  # optimizers.<role> holds them
 
 
+def _optimizer_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -> list[str]:
+    """``adamw8bit``, in ``train.optimizer`` or an ``optimizers.<role>.name``, only where it runs and resumes."""
+    from flowpost.core.trainers.eight_bit import eight_bit_problems
+
+    chosen = [f"stages.{name}.optimizers.{role}.name" for role, c in stage.optimizers.items() if c.name == "adamw8bit"]
+    if arguments.optimizer == "adamw8bit":
+        chosen.append(f"stages.{name}.train.optimizer")
+    problems = eight_bit_problems(stage.launch.backend, stage.launch.num_processes)
+    return [f"{where}: {problem}" for where in chosen for problem in problems]
+
+
 def _role_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -> list[str]:
     """``optimizers:`` names each trainable role of the trainer once, never a frozen snapshot, and
     holds what ``train:``'s optimizer fields would; Muon runs only where whole matrices live on every
@@ -625,6 +637,11 @@ def _role_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -
         for key in ROLE_OPTIMIZER_FIELDS
         if getattr(arguments, key) != fields[key].default
     ]
+    if arguments.optimizer != fields["optimizer"].default:
+        problems.append(
+            f"stages.{name}.train.optimizer: trainer {stage.trainer!r} has one optimizer per role; name it in "
+            f"{where}.<role>.name"
+        )
     backend, processes = stage.launch.backend, stage.launch.num_processes
     if processes > 1 and backend == "deepspeed-zero2":
         problems.append(

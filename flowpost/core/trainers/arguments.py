@@ -32,7 +32,11 @@ class TrainerArguments(AdamWSettings, OmittingModel):
     budget_unit: ClassVar[BudgetUnit]  # what ``budget``, checkpoint_every and log_every count
     reads_latents: ClassVar[bool] = False  # encodes dataset media, so a latent cache (data.latents) may replace them
     reads_trajectories: ClassVar[bool] = False  # its dataset is a teacher-trajectories source
+    OMITTED_AT_DEFAULT = ("optimizer",)
 
+    optimizer: Literal["adamw", "adamw8bit"] = Field(
+        "adamw", description="adamw (fp32 moments) or adamw8bit (block-wise 8-bit moments, torchao)"
+    )
     checkpoint_every: int = Field(
         0, ge=0, description="budget units (steps, or iterations of an online trainer) between checkpoints; 0: end only"
     )
@@ -92,7 +96,7 @@ class OnlineArguments(TrainerArguments):
     train_batch_size: int = Field(32, ge=1, description="global samples per training micro-batch")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
-    OMITTED_AT_DEFAULT = ("reward_normalisation",)
+    OMITTED_AT_DEFAULT = (*TrainerArguments.OMITTED_AT_DEFAULT, "reward_normalisation")
 
     advantage_std: Literal["group", "global"] = "group"
     advantage_clip: float = Field(5.0, gt=0)

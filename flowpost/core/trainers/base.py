@@ -36,11 +36,13 @@ from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.bad_steps import BadSteps, step_is_finite
 from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
+from flowpost.core.trainers.eight_bit import check_eight_bit
 from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.objective import Metrics, Objective, to_host
 from flowpost.core.trainers.optimizers import (
     OptimizerConfig,
     RoleOptimizer,
+    adamw,
     build_role_optimizer,
     check_role_optimizers,
 )
@@ -169,7 +171,9 @@ class BaseTrainer(ABC):
         )
         roles = self.required_trainable_roles
         if roles:
-            check_role_optimizers(roles, optimizers or {}, self.parallel.name, stage=spec.stage)
+            check_role_optimizers(
+                roles, optimizers or {}, self.parallel.name, self.accelerator.num_processes, stage=spec.stage
+            )
             adapter.add_component_variants(roles)  # before the layout prepares (and wraps) anything
         upcast_trainable(adapter.trainable_network())  # fp32 weights and optimizer state, whatever the base's dtype
         model = self.parallel.prepare(adapter, self.accelerator.device)
@@ -184,15 +188,17 @@ class BaseTrainer(ABC):
             assert optimizers is not None
             variants = adapter.variants
             self.roles = {
-                role: build_role_optimizer(role, variants.named_parameters(role), optimizers[role]) for role in roles
+                role: build_role_optimizer(role, variants.named_parameters(role), optimizers[role], stage=spec.stage)
+                for role in roles
             }
             first = self.roles[roles[0]]
             self.trainable, self.optimizer, self.scheduler = first.parameters, first, first.scheduler
         else:
             self.trainable = [p for p in model.parameters() if p.requires_grad]
-            optimizer = torch.optim.AdamW(
-                self.trainable, lr=args.lr, betas=args.adam_betas, weight_decay=args.weight_decay
-            )
+            where = f"stages.{self.stage}.train.optimizer"
+            if args.optimizer == "adamw8bit":
+                check_eight_bit(self.parallel.name, self.accelerator.num_processes, where=where)
+            optimizer = adamw(self.trainable, args, eight_bit=args.optimizer == "adamw8bit", where=where)
             warmup = args.warmup_steps
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
                 optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0

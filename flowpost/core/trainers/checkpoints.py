@@ -23,6 +23,7 @@ from flowpost.core.io import atomic_directory, file_errors_reported, write_json_
 from flowpost.core.logging import get_logger
 from flowpost.core.parallel import recorded_layout
 from flowpost.core.progress import TrainingProgress
+from flowpost.core.trainers.eight_bit import plain_state, quantized_state
 from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Resumed:
 class CheckpointManager:
     """``save`` / ``resume`` / ``save_final`` of one stage's model, optimizer, snapshots and counters.
 
+    8-bit optimizer moments are written as plain tensors (``eight_bit.plain_state``).
     ``roles`` are the trainable roles after the first (whose optimizer is ``optimizer``): each one's
     optimizer, schedule and update counter go into the checkpoint too; so do the ``guard``'s checks, and
     the checkpoint of its last passed check is never pruned.
@@ -78,7 +80,7 @@ class CheckpointManager:
         state = TrainingState(  # every rank builds it: gathering sharded weights is collective
             step=progress.optimizer_step,
             model=layout.model_state(self.model),
-            optimizer=layout.optimizer_state(self.model, self.optimizer.optimizer),
+            optimizer=plain_state(layout.optimizer_state(self.model, self.optimizer.optimizer)),
             scheduler=self.scheduler.state_dict(),
             snapshots={n: layout.snapshot_state(snapshots.state_dict(n)) for n in snapshots.names()},
             rng={"torch": torch.get_rng_state()},
@@ -93,7 +95,7 @@ class CheckpointManager:
             },
             roles={
                 role: {
-                    "optimizer": layout.optimizer_state(self.model, optimizer.optimizer),
+                    "optimizer": plain_state(layout.optimizer_state(self.model, optimizer.optimizer)),
                     "scheduler": optimizer.scheduler.state_dict(),
                 }
                 for role, optimizer in self.roles.items()
@@ -141,7 +143,7 @@ class CheckpointManager:
                 where=str(path),
             )
         layout.load_model_state(self.model, state.model)
-        layout.load_optimizer_state(self.model, self.optimizer.optimizer, state.optimizer)
+        layout.load_optimizer_state(self.model, self.optimizer.optimizer, quantized_state(state.optimizer))
         self.scheduler.load_state_dict(state.scheduler)
         if sorted(state.roles) != sorted(self.roles):
             raise FlowpostError(
@@ -151,7 +153,8 @@ class CheckpointManager:
             )
         updates = state.trainer.get("role_updates", {})
         for role, optimizer in self.roles.items():
-            layout.load_optimizer_state(self.model, optimizer.optimizer, state.roles[role]["optimizer"])
+            saved = quantized_state(state.roles[role]["optimizer"])
+            layout.load_optimizer_state(self.model, optimizer.optimizer, saved)
             optimizer.scheduler.load_state_dict(state.roles[role]["scheduler"])
             optimizer.updates = int(updates[role])
         network = self.adapter.module()  # what snapshots are keyed by: the first role's network, not the bundle

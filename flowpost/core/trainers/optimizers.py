@@ -1,5 +1,5 @@
-"""One optimizer per trainable role (``optimizers:`` of a stage): AdamW, or Muon on the 2-D weights with
-AdamW on the rest; each with its warm-up schedule and its update counter."""
+"""One optimizer per trainable role (``optimizers:`` of a stage): AdamW, AdamW with 8-bit moments, or Muon on
+the 2-D weights with AdamW on the rest; each with its warm-up schedule and its update counter."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from flowpost.core.config.base import OmittingModel
+from flowpost.core.trainers.eight_bit import adamw8bit, check_eight_bit
 from flowpost.core.trainers.optimizer_settings import AdamWSettings
 from flowpost.errors import FlowpostError
 
@@ -19,10 +20,10 @@ MUON_BACKENDS = ("ddp",)  # Muon orthogonalises whole matrices: sharded paramete
 
 
 class OptimizerConfig(AdamWSettings, OmittingModel):
-    """One role's optimizer: ``adamw``, or ``muon`` (``torch.optim.Muon`` on 2-D weights, AdamW on the rest);
-    its warm-up counts this role's updates."""
+    """One role's optimizer: ``adamw``, ``adamw8bit`` (8-bit moments), or ``muon`` (``torch.optim.Muon`` on 2-D
+    weights, AdamW on the rest); its warm-up counts this role's updates."""
 
-    name: Literal["adamw", "muon"] = "adamw"
+    name: Literal["adamw", "adamw8bit", "muon"] = "adamw"
     lr: float = Field(gt=0)
     momentum: float = Field(0.95, gt=0, lt=1, description="muon: momentum of the orthogonalised update")
     adamw_lr: float | None = Field(None, gt=0, description="muon: lr of the AdamW part; default: lr")
@@ -97,8 +98,20 @@ class RoleSchedule:
             scheduler.load_state_dict(saved)
 
 
-def build_role_optimizer(role: str, named: list[tuple[str, nn.Parameter]], config: OptimizerConfig) -> RoleOptimizer:
-    """``config``'s optimizer(s) over ``named``, the parameters role ``role`` owns."""
+def adamw(
+    parameters: list[nn.Parameter], settings: AdamWSettings, *, eight_bit: bool, where: str
+) -> torch.optim.Optimizer:
+    """AdamW over ``parameters`` with ``settings``; with ``eight_bit``, torchao's 8-bit moments (``where``
+    names the config key that chose it)."""
+    hyper = {"lr": settings.lr, "betas": settings.adam_betas, "weight_decay": settings.weight_decay}
+    return adamw8bit(parameters, **hyper, where=where) if eight_bit else torch.optim.AdamW(parameters, **hyper)
+
+
+def build_role_optimizer(
+    role: str, named: list[tuple[str, nn.Parameter]], config: OptimizerConfig, *, stage: str
+) -> RoleOptimizer:
+    """``config`` (``stages.<stage>.optimizers.<role>``)'s optimizer(s) over ``named``, the parameters role
+    ``role`` owns."""
     parameters = [param for _, param in named]
     if config.name == "muon":
         matrices, rest = muon_groups(named)
@@ -109,17 +122,16 @@ def build_role_optimizer(role: str, named: list[tuple[str, nn.Parameter]], confi
             lr = config.adamw_lr or config.lr
             optimizers.append(torch.optim.AdamW(rest, lr=lr, betas=config.adam_betas, weight_decay=config.weight_decay))
     else:
-        optimizers = [
-            torch.optim.AdamW(parameters, lr=config.lr, betas=config.adam_betas, weight_decay=config.weight_decay)
-        ]
+        where = f"stages.{stage}.optimizers.{role}.name"
+        optimizers = [adamw(parameters, config, eight_bit=config.name == "adamw8bit", where=where)]
     return RoleOptimizer(role, parameters, optimizers, warmup_steps=config.warmup_steps)
 
 
 def check_role_optimizers(
-    roles: tuple[str, ...], optimizers: dict[str, OptimizerConfig], layout: str, *, stage: str
+    roles: tuple[str, ...], optimizers: dict[str, OptimizerConfig], layout: str, processes: int, *, stage: str
 ) -> None:
     """One ``optimizers:`` entry per role, on a layout that keeps one optimizer per role (and, for
-    Muon, whole matrices on every rank)."""
+    Muon, whole matrices on every rank; for adamw8bit, replicated moments) over ``processes``."""
     where = f"stages.{stage}.optimizers"
     missing = [role for role in roles if role not in optimizers]
     unknown = [name for name in optimizers if name not in roles]
@@ -142,3 +154,5 @@ def check_role_optimizers(
                 "use launch.backend ddp or name: adamw",
                 where=f"{where}.{role}.name",
             )
+        if config.name == "adamw8bit":
+            check_eight_bit(layout, processes, where=f"{where}.{role}.name")

@@ -34,7 +34,7 @@ def _error(config: dict[str, Any]) -> str:
 def test_a_role_optimizer_steps_with_the_adam_betas_it_is_given(tiny_pipeline) -> None:
     pipeline = validate_pipeline(_with_dmd2(tiny_pipeline, {"lr": 1e-5, "adam_betas": [0.8, 0.9]}))
     config = pipeline.stages["dmd2"].optimizers["generator"]
-    role = build_role_optimizer("generator", [("weight", torch.nn.Parameter(torch.zeros(2, 2)))], config)
+    role = build_role_optimizer("generator", [("weight", torch.nn.Parameter(torch.zeros(2, 2)))], config, stage="dmd2")
     assert config.adam_betas == (0.8, 0.9) and role.optimizer[0].defaults["betas"] == (0.8, 0.9)
 
 

@@ -32,11 +32,11 @@ def test_every_older_name_maps_to_a_backend_and_current_names_stay() -> None:
 
 def test_role_optimizers_are_checked_against_the_layout_names() -> None:
     adamw, muon = OptimizerConfig(lr=1e-3), OptimizerConfig(name="muon", lr=1e-3)
-    check_role_optimizers(("generator",), {"generator": muon}, "ddp", stage="s")
+    check_role_optimizers(("generator",), {"generator": muon}, "ddp", 2, stage="s")
     with pytest.raises(FlowpostError, match="stages.s.launch.backend: deepspeed-zero2 steps one optimizer"):
-        check_role_optimizers(("generator",), {"generator": adamw}, "deepspeed-zero2", stage="s")
+        check_role_optimizers(("generator",), {"generator": adamw}, "deepspeed-zero2", 2, stage="s")
     with pytest.raises(FlowpostError, match="stages.s.optimizers.generator.name: .* cannot step fsdp2 shards"):
-        check_role_optimizers(("generator",), {"generator": muon}, "fsdp2", stage="s")
+        check_role_optimizers(("generator",), {"generator": muon}, "fsdp2", 2, stage="s")
 
 
 def test_a_checkpoint_that_recorded_replicated_resumes_as_ddp_without_a_warning(

@@ -140,7 +140,7 @@ def test_muon_takes_the_2d_weights_and_adamw_the_rest():
     matrices, rest = muon_groups(named)
     assert matrices and rest and all(p.ndim == 2 for p in matrices) and all(p.ndim != 2 for p in rest)
     assert len(matrices) + len(rest) == len(named)
-    role = build_role_optimizer(GENERATOR, named, OptimizerConfig(name="muon", lr=0.02, adamw_lr=1e-3))
+    role = build_role_optimizer(GENERATOR, named, OptimizerConfig(name="muon", lr=0.02, adamw_lr=1e-3), stage="dmd2")
     muon, adamw = role.optimizer
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     assert {id(p) for p in muon.param_groups[0]["params"]} == {id(p) for p in matrices}

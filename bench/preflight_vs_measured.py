@@ -1,0 +1,233 @@
+"""The memory preflight against a measurement: each shape-faithful checkpoint's training stage, its peak
+memory as ``flowpost plan`` estimates it and as a CPU process measures it, for the same configuration.
+
+    python bench/preflight_vs_measured.py [--workspace bench-ws] [--checkpoints sd3.5-medium flux1-dev ...]
+                                          [--variants lora full ...] [--resolution 128] [--steps 2]
+
+The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
+kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process:
+its resident memory is read after the imports (the baseline), the stage is built (its transformer and VAE
+loaded), the process's peak is reset (``/proc/self/clear_refs``), the stage runs ``--steps`` optimizer
+steps, and the measured figure is the peak above the baseline at the end of the last step (the stage's
+checkpoint and final weights, written after it, are left out: on a GPU they are written from host memory). The estimate is ``flowpost/tasks/preflight``'s
+for the stage's config, on one process. Torch's CPU allocator keeps no peak statistics, so the process's
+peak resident set stands in for it: allocator caching, the Python heap and library buffers count there,
+not in the estimate. Goal: the measurement within +-25 % of the estimate. Writes
+``WORKSPACE/preflight_vs_measured.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+BENCH = Path(__file__).resolve().parent
+TESTS = BENCH.parent / "tests"
+sys.path[:0] = [str(TESTS)]
+
+from shape_faithful.build import CHECKPOINTS, build_folder  # noqa: E402
+
+from flowpost.core.callbacks.base import Callback  # noqa: E402
+
+FINGERPRINT = "preflight-bench-encoders"
+PROMPTS = ["a red cat", "a blue car", "a green tree", "a white house"]
+VARIANTS: dict[str, dict[str, Any]] = {  # the stage's model and train sections on top of the common ones
+    "lora": {"model": {"lora": {"rank": 32, "alpha": 32}}, "train": {}},
+    "full": {"model": {}, "train": {}},
+}
+GOAL = 0.25
+
+
+def family_options(family: str, resolution: int) -> dict[str, Any]:
+    if family == "wan2":
+        return {"height": resolution, "width": resolution, "num_frames": 5}
+    return {"resolution": resolution}
+
+
+def media_shape(family: str, resolution: int) -> tuple[int, ...]:
+    return (3, 5, resolution, resolution) if family == "wan2" else (3, resolution, resolution)
+
+
+def stage_config(checkpoint: str, folder: Path, variant: str, resolution: int, steps: int) -> dict[str, Any]:
+    family = CHECKPOINTS[checkpoint].family
+    extra = VARIANTS[variant]
+    model = {
+        "family": family,
+        "pretrained": str(folder),
+        "torch_dtype": "bfloat16",
+        "options": family_options(family, resolution),
+        **extra["model"],
+    }
+    train = {"lr": 1e-5, "batch_size": 2, "max_steps": steps, "checkpoint_every": 0, "warmup_steps": 0}
+    return {"trainer": "sft", "model": model, "train": {**train, **extra["train"]}}
+
+
+def prepare(root: Path, checkpoint: str, resolution: int) -> Path:
+    """The checkpoint's folder, demonstrations at ``resolution`` and their condition cache under ``root``."""
+    from flowpost.core.io import write_json_atomic
+    from flowpost.core.models.pretrained import PretrainedSource
+    from flowpost.core.models.registry import adapter_class
+    from flowpost.data.condition_cache import update_condition_cache
+    from flowpost.data.records import Demonstration
+    from flowpost.data.shards import write_shards
+
+    folder = root / "pipeline"
+    if not (folder / "model_index.json").is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+        build_folder(checkpoint, folder, seed=0)
+    family = CHECKPOINTS[checkpoint].family
+    data = root / f"data-{resolution}"
+    if not (data / "train" / "manifest.json").is_file():
+        rng = np.random.default_rng(0)
+        records = [
+            Demonstration(key=f"r{i}", prompt=p, image=rng.random(media_shape(family, resolution), dtype=np.float32))
+            for i, p in enumerate(PROMPTS)
+        ]
+        write_json_atomic(data / "train" / "manifest.json", write_shards(records, data / "train"))
+    conditions = root / "conditions"
+    if not conditions.is_dir():
+        encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=128)
+        try:
+            update_condition_cache(conditions, ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=encoder.encode)
+        finally:
+            encoder.release()
+    return folder
+
+
+def resident() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+class StepPeak(Callback):
+    """The process's peak resident set at the end of each optimizer step (checkpoints come after the last)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def on_step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        self.bytes = max(self.bytes, peak())
+
+
+def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: int) -> dict[str, Any]:
+    """Run in a fresh process: the stage's peak above the post-import baseline, and the preflight's estimate."""
+    import torch
+
+    from flowpost.core.config.schema import StageConfig
+    from flowpost.core.trainers.spec import StageSpec
+    from flowpost.stage import build_trainer
+
+    torch.set_num_threads(1)
+    config = stage_config(checkpoint, root / "pipeline", variant, resolution, steps)
+    out = root / f"run-{variant}"
+    shutil.rmtree(out, ignore_errors=True)
+    spec = StageSpec(
+        stage="sft",
+        seed=0,
+        config=StageConfig.model_validate(config).model_dump(mode="json"),
+        output_dir=str(out),
+        dataset_dir=str(root / f"data-{resolution}"),
+        conditions_dir=str(root / "conditions"),
+        encoder_fingerprint=FINGERPRINT,
+        resume=False,
+    )
+    gc.collect()
+    baseline = resident()
+    trainer = build_trainer(spec)
+    loaded = resident() - baseline
+    recorder = StepPeak()
+    trainer.callbacks.callbacks["step_peak"] = recorder
+    gc.collect()
+    reset_peak()
+    trainer.start()
+    return {"loaded_bytes": loaded, "measured_bytes": recorder.bytes - baseline}
+
+
+def estimate(root: Path, checkpoint: str, variant: str, resolution: int, steps: int) -> dict[str, Any]:
+    from flowpost.core.config.loading import validate_pipeline
+    from flowpost.tasks.preflight import stage_memory
+
+    folder = root / "pipeline"
+    stage = stage_config(checkpoint, folder, variant, resolution, steps)
+    family = CHECKPOINTS[checkpoint].family
+    config = {
+        "name": "preflight-bench",
+        "datasets": {"images": {"source": "image-folder", "path": str(TESTS / "data" / "folder"), "preprocess": {"mode": "rgb"}}},
+        "conditions": {"text": {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["images"]}},
+        "stages": {"sft": {**stage, "data": {"dataset": "images", "conditions": "text"}}},
+        "evaluate": {"after": []},
+    }
+    pipeline = validate_pipeline(config, source="preflight bench")
+    (row,) = stage_memory(pipeline)
+    assert row.estimate is not None, row.note
+    parts = {name: float(getattr(row.estimate, name)) for name in row.estimate.__dataclass_fields__}
+    return {"fine_tune": row.fine_tune, "estimate_bytes": row.estimate.total, "estimate_parts": parts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
+    parser.add_argument("--checkpoints", nargs="+", default=list(CHECKPOINTS), choices=list(CHECKPOINTS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--resolution", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--measure", nargs=2, metavar=("CHECKPOINT", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    base = args.workspace.resolve() / "preflight_vs_measured"
+    if args.measure:
+        checkpoint, variant = args.measure
+        print(json.dumps(measure(base / checkpoint, checkpoint, variant, args.resolution, args.steps)))
+        return
+    rows = []
+    for checkpoint in args.checkpoints:
+        root = base / checkpoint
+        prepare(root, checkpoint, args.resolution)
+        for variant in args.variants:
+            command = [sys.executable, __file__, "--workspace", str(args.workspace), "--measure", checkpoint, variant]
+            command += ["--resolution", str(args.resolution), "--steps", str(args.steps)]
+            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            if done.returncode != 0:
+                raise SystemExit(f"{checkpoint} {variant} failed:\n{done.stderr[-4000:]}")
+            measured = json.loads(done.stdout.strip().splitlines()[-1])
+            row = {
+                "checkpoint": checkpoint,
+                "variant": variant,
+                **estimate(root, checkpoint, variant, args.resolution, args.steps),
+                **measured,
+            }
+            row["ratio"] = row["measured_bytes"] / row["estimate_bytes"]
+            row["within_goal"] = abs(row["ratio"] - 1) <= GOAL
+            rows.append(row)
+            gib = 1024**3
+            print(
+                f"{checkpoint:16s} {variant:5s} estimate {row['estimate_bytes'] / gib:6.2f} GiB  "
+                f"measured {row['measured_bytes'] / gib:6.2f} GiB  ratio {row['ratio']:.2f}",
+                flush=True,
+            )
+    from flowpost.core.io import write_json_atomic
+
+    write_json_atomic(args.workspace / "preflight_vs_measured.json", {"resolution": args.resolution, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
