@@ -9,3 +9,10 @@ DEEPSPEED_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'flowpost[d
 
 def deepspeed_installed() -> bool:
     return importlib.util.find_spec("deepspeed") is not None
+
+
+TORCHAO_INSTALL = "pip install 'flowpost[torchao]'"
+
+
+def torchao_installed() -> bool:
+    return importlib.util.find_spec("torchao") is not None

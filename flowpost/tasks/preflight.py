@@ -17,6 +17,7 @@ from flowpost.core.models.footprint import ModelFootprint, model_footprint
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.core.models.precision import upcast_trainable
 from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.quantize import quantize_frozen
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
@@ -85,7 +86,8 @@ def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:
 
 
 def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
-    """The stage's network sized without weights: its family on a meta-device transformer, with its LoRA."""
+    """The stage's network sized without weights: its family on a meta-device transformer, with its quantized
+    base and its LoRA."""
     cls = adapter_class(model.family, where="model.family")
     if not issubclass(cls, PipelineFamily):
         raise FlowpostError(f"family {model.family!r} is not loaded from a diffusers pipeline", where="model.family")
@@ -93,6 +95,8 @@ def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
     components = model.components or {}
     source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype, components)
     adapter = cls.without_weights(source, **model.options)
+    if stage.model.quantize != "none":
+        quantize_frozen(adapter.module(), stage.model.quantize)
     lora = stage.model.lora
     if lora is not None:
         with torch.device("meta"):
