@@ -34,7 +34,7 @@ class StageMemory:
 
     stage: str
     family: str
-    fine_tune: str  # "LoRA r32" or "full"
+    fine_tune: str  # "LoRA r32", "LoRA r32, int8 base" or "full"
     world_size: int
     footprint: ModelFootprint | None = None
     estimate: MemoryEstimate | None = None
@@ -48,8 +48,9 @@ def stage_memory(config: PipelineConfig) -> list[StageMemory]:
         model = base_model(config, name)
         if model is None:
             continue
-        lora = stage.model.lora
+        lora, quantize = stage.model.lora, stage.model.quantize
         fine_tune = f"LoRA r{lora.rank}" if lora is not None else "full"
+        fine_tune += f", {quantize} base" if quantize != "none" else ""
         world = stage.launch.num_processes
         try:
             footprint = stage_footprint(stage, model)
