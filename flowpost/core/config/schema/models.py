@@ -123,8 +123,9 @@ class CompileConfig(StrictModel):
 
 class ModelConfig(PretrainedOptions):
     """The model a stage trains: a registered family, initialised from scratch, a stage or the promoted export.
-    Its params leave out the pretrained options, the family's ``options``, ``attention`` and ``compile`` at
-    their defaults and ``fallback`` without ``init: previous``, so other stages keep their fingerprints."""
+    Its params leave out the pretrained options, the family's ``options``, ``attention``, ``compile`` and
+    ``quantize`` at their defaults and ``fallback`` without ``init: previous``, so other stages keep their
+    fingerprints."""
 
     OMITTED_AT_DEFAULT = ("pretrained", "options", "attention", "compile", "quantize", *PRETRAINED_OPTIONS)
 
