@@ -17,10 +17,10 @@ from flowpost.core.models.compile import repeated_blocks
 Quantize = Literal["none", "int8", "fp8"]  # model.quantize
 
 
-def quantize_frozen(network: nn.Module, kind: str) -> int:
+def quantize_frozen(network: nn.Module, kind: str) -> None:
     """Quantize ``network``'s repeated blocks' Linear weights in place (deterministic: the same weights give
-    the same bytes); the count quantized. Before LoRA is added: torchao would quantize the adapters' own
-    Linear layers too, and PEFT wraps a quantized Linear in its torchao LoRA layer."""
+    the same bytes). Before LoRA is added: torchao would quantize the adapters' own Linear layers too, and
+    PEFT wraps a quantized Linear in its torchao LoRA layer."""
     from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
     if getattr(network, "_hf_peft_config_loaded", False):
@@ -28,7 +28,6 @@ def quantize_frozen(network: nn.Module, kind: str) -> int:
     config = {"int8": Int8WeightOnlyConfig, "fp8": Float8WeightOnlyConfig}[kind]()
     targets = {id(m) for block in repeated_blocks(network) for m in block.modules() if isinstance(m, nn.Linear)}
     quantize_(network, config, filter_fn=lambda module, _: id(module) in targets)
-    return len(targets)
 
 
 def is_quantized(tensor: torch.Tensor) -> bool:
