@@ -32,6 +32,7 @@ from flowpost.core.logging import get_logger
 from flowpost.core.models.attention import set_attention
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.quantize import quantize_frozen
 from flowpost.core.models.registry import adapter_class, load_adapter
 from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
 from flowpost.core.progress import BudgetUnit, TrainingProgress
@@ -151,7 +152,7 @@ def build_guard(
 
 def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     """A fresh model (seeded), the ``model.pretrained`` pipeline or the stage named by ``model.init``,
-    with its attention backend, and LoRA, mixed precision and compilation when configured.
+    with its attention backend, and a quantized base, LoRA, mixed precision and compilation when configured.
 
     The encoder length of the stage's condition cache (``spec.extra["encoder"]``) is recorded on
     the adapter, so the saved model encodes new prompts the way it was trained.
@@ -182,6 +183,8 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     set_attention(adapter.module(), model.attention, where=f"stages.{spec.stage}.model.attention")
     if stage.launch.mixed_precision == "bf16":
         adapter.compute_dtype = torch.bfloat16
+    if model.quantize != "none":  # before the adapters: every pass runs the same quantized base
+        quantize_frozen(adapter.module(), model.quantize)
     lora = stage.model.lora
     if lora is not None:
         with torch.random.fork_rng(devices=[]):  # adapters drawn from the seed alone, whatever ran before

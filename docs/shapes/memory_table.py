@@ -5,7 +5,8 @@ is read).
     PYTHONPATH=. python docs/shapes/memory_table.py
 
 Each row is a GRPO stage with bf16 weights and bf16 autocast, one training sample per GPU without CFG,
-``kl_beta`` 0.04 (a reference snapshot), no EMA; one GPU replicated (ddp), eight sharded (fsdp2).
+``kl_beta`` 0.04 (a reference snapshot), no EMA; one GPU replicated (ddp), eight sharded (fsdp2). A LoRA stage
+over an int8 base (``model.quantize``) trains in one process only, so it has no eight-GPU figure.
 """
 
 from __future__ import annotations
@@ -31,20 +32,26 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {  # family -> (shap
         512,
     ),
 }
-FINE_TUNES: dict[str, dict[str, int] | None] = {"lora": {"rank": 32}, "full": None}  # stage suffix -> model.lora
+FINE_TUNES: dict[str, dict[str, Any]] = {  # stage suffix -> model.lora and model.quantize
+    "lora": {"lora": {"rank": 32}},
+    "lora-int8": {"lora": {"rank": 32}, "quantize": "int8"},
+    "full": {"lora": None},
+}
 
 
 def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
-    """One GRPO stage per family and fine-tune type on ``gpus`` GPUs."""
+    """One GRPO stage per family and fine-tune type on ``gpus`` GPUs (on one, also over an int8 base)."""
     conditions, stages = {}, {}
     for family, (folder, _, options, tokens) in FAMILIES.items():
         source = {"family": family, "pretrained": str(SHAPES / folder)}
         key = family.replace("-", "")
         conditions[key] = {"model": source, "datasets": ["prompts"], "max_length": tokens}
-        for suffix, lora in FINE_TUNES.items():
+        for suffix, fine_tune in FINE_TUNES.items():
+            if gpus > 1 and "quantize" in fine_tune:
+                continue
             stages[f"{key}-{suffix}"] = {
                 "trainer": "grpo",
-                "model": {**source, "torch_dtype": "bfloat16", "options": options, "lora": lora},
+                "model": {**source, "torch_dtype": "bfloat16", "options": options, **fine_tune},
                 "data": {"dataset": "prompts", "conditions": key},
                 "rewards": [{"name": "jpeg_compressibility"}],
                 "train": {"iterations": 1, "prompts_per_iteration": gpus, "group_size": 2, "train_batch_size": gpus},
@@ -74,11 +81,13 @@ def table() -> str:
     for row in stage_memory(one):
         assert row.footprint is not None and row.estimate is not None, row.note
         label = next(text for prefix, text in labels.items() if row.stage.startswith(prefix))
-        at_eight = stage_estimate(eight, row.stage, row.footprint).total
+        at_eight = (
+            f"{stage_estimate(eight, row.stage, row.footprint).total / GIB:.1f}" if row.stage in eight.stages else "-"
+        )
         lines.append(
             f"| {label} | {row.fine_tune} | {params_text(row.footprint.trainable)} | "
             f"{params_text(row.footprint.parameters - (row.footprint.trainable if row.fine_tune != 'full' else 0))} | "
-            f"{row.estimate.total / GIB:.1f} | {at_eight / GIB:.1f} |"
+            f"{row.estimate.total / GIB:.1f} | {at_eight} |"
         )
     return "\n".join(lines)
 

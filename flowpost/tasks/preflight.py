@@ -17,6 +17,7 @@ from flowpost.core.models.footprint import ModelFootprint, model_footprint
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.core.models.precision import upcast_trainable
 from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.quantize import quantize_frozen
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
@@ -33,7 +34,7 @@ class StageMemory:
 
     stage: str
     family: str
-    fine_tune: str  # "LoRA r32" or "full"
+    fine_tune: str  # "LoRA r32", "LoRA r32, int8 base" or "full"
     world_size: int
     footprint: ModelFootprint | None = None
     estimate: MemoryEstimate | None = None
@@ -47,8 +48,9 @@ def stage_memory(config: PipelineConfig) -> list[StageMemory]:
         model = base_model(config, name)
         if model is None:
             continue
-        lora = stage.model.lora
+        lora, quantize = stage.model.lora, stage.model.quantize
         fine_tune = f"LoRA r{lora.rank}" if lora is not None else "full"
+        fine_tune += f", {quantize} base" if quantize != "none" else ""
         world = stage.launch.num_processes
         try:
             footprint = stage_footprint(stage, model)
@@ -93,7 +95,8 @@ def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:
 
 
 def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
-    """The stage's network sized without weights: its family on a meta-device transformer, with its LoRA."""
+    """The stage's network sized without weights: its family on a meta-device transformer, with its quantized
+    base and its LoRA."""
     cls = adapter_class(model.family, where="model.family")
     if not issubclass(cls, PipelineFamily):
         raise FlowpostError(f"family {model.family!r} is not loaded from a diffusers pipeline", where="model.family")
@@ -101,6 +104,8 @@ def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
     components = model.components or {}
     source = PretrainedSource(model.pretrained, model.revision, model.variant, model.torch_dtype, components)
     adapter = cls.without_weights(source, **model.options)
+    if stage.model.quantize != "none":
+        quantize_frozen(adapter.module(), stage.model.quantize)
     lora = stage.model.lora
     if lora is not None:
         with torch.device("meta"):

@@ -160,6 +160,41 @@ def test_lora_grpo_in_bf16_replays_exactly_moves_fp32_adapters_and_exports(prepa
         torch.testing.assert_close(loaded[key].float(), value.float().to(loaded[key].dtype).float(), msg=key)
 
 
+def test_lora_grpo_over_an_int8_base_replays_exactly_at_sd3_width(
+    shape_folder: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """SD3.5-Medium's block at its published width, its Linear weights int8 under bf16 autocast."""
+    from flowpost.core.models.quantize import is_quantized
+
+    folder = shape_folder("sd3.5-medium")
+    _prepared(tmp_path, "sd3", folder)
+    stage = {
+        "trainer": "grpo",
+        "model": _model("sd3", folder, lora={"rank": 4, "alpha": 8}, quantize="int8"),
+        "sampling": {"steps": 3, "guidance": 1.0},
+        "rewards": [{"name": "jpeg_incompressibility"}],
+        "train": {
+            "lr": LR,
+            "iterations": 1,
+            "prompts_per_iteration": 1,
+            "group_size": 2,
+            "rollout_batch_size": 2,
+            "train_batch_size": 2,
+            "checkpoint_every": 0,
+        },
+    }
+    trainer = build_trainer(_spec(tmp_path, "grpo", stage))
+    network = trainer.adapter.module()
+    quantized = [p for p in network.parameters() if is_quantized(p)]
+    assert quantized and {p.qdata.dtype for p in quantized} == {torch.int8}
+    assert {p.dtype for p in trainer.trainable} == {torch.float32}
+    report = check_consistency(trainer)
+    assert report["max_abs_ratio_error"] < 1e-4, report  # the bf16 tolerance of the test above
+    lora_b = {n: p.detach().float().clone() for n, p in network.named_parameters() if "lora_B" in n}
+    trainer.start()
+    assert _fraction_changed(lora_b, network) > 0.5  # B starts at 0, so the first update moves B alone
+
+
 def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights_and_exports(prepared: dict[str, Any]) -> None:
     family, folder, root = prepared["family"], prepared["folder"], prepared["root"]
     stage = {

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.compile import repeated_blocks
+from flowpost.core.models.quantize import tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class ModelFootprint:
 
     parameters: int
     trainable: int
-    weight_bytes: int  # every parameter in its own dtype
+    weight_bytes: int  # every parameter in its own dtype (a quantized one: its 8-bit values and scales)
     trainable_bytes: int  # the trainable ones in their dtype
     blocks: int  # repeated transformer blocks
     hidden: int  # attention heads x head width
@@ -34,8 +35,8 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
     return ModelFootprint(
         parameters=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in trainable),
-        weight_bytes=sum(p.numel() * p.element_size() for p in params),
-        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        weight_bytes=sum(tensor_bytes(p) for p in params),
+        trainable_bytes=sum(tensor_bytes(p) for p in trainable),
         blocks=len(repeated_blocks(network)),
         hidden=int(config.num_attention_heads) * int(config.attention_head_dim),
         image_tokens=image_tokens(adapter),

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 from torch import nn
+
+from flowpost.core.models.precision import upcast_trainable
+from flowpost.core.models.quantize import dequantize, has_quantized
 
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # the file ``save_lora`` writes (diffusers' name)
 SD3_ATTENTION_TARGETS = (
@@ -25,9 +29,11 @@ def add_lora(module: nn.Module, *, rank: int, alpha: float, targets: tuple[str, 
     from peft import LoraConfig
 
     module.requires_grad_(False)
-    module.add_adapter(  # type: ignore[operator]
-        LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=True)
-    )
+    with warnings.catch_warnings():  # over a quantized base: exports merge into a dequantized copy, not PEFT
+        warnings.filterwarnings("ignore", message="TorchaoLoraLinear was instantiated without")
+        module.add_adapter(  # type: ignore[operator]
+            LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=True)
+        )
 
 
 def has_lora(module: nn.Module) -> bool:
@@ -35,18 +41,33 @@ def has_lora(module: nn.Module) -> bool:
 
 
 def merged_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with its LoRA layers fused into the base weights and removed."""
-    merged = copy.deepcopy(module)
+    """A copy of ``module`` with its LoRA layers fused into the base weights (dequantized) and removed."""
+    merged = plain_copy(module)
     merged.fuse_lora()  # type: ignore[operator]
     merged.unload_lora()  # type: ignore[operator]
     return merged
 
 
 def base_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with its LoRA layers removed unmerged: the weights the adapters sit on."""
+    """A copy of ``module`` with its LoRA layers removed unmerged: the weights the adapters sit on (dequantized)."""
     base = copy.deepcopy(module)
     base.unload_lora()  # type: ignore[operator]
-    return base
+    return dequantize(base)
+
+
+def plain_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose quantized base is dequantized under the same adapters, as plain PEFT layers."""
+    if not has_quantized(module):
+        return copy.deepcopy(module)
+    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+    plain = base_copy(module)
+    for name, config in module.peft_config.items():  # type: ignore[union-attr]
+        plain.add_adapter(copy.deepcopy(config), adapter_name=name)  # type: ignore[operator]
+        upcast_trainable(plain)  # the adapters' fp32 values, as trained
+        set_peft_model_state_dict(plain, get_peft_model_state_dict(module, adapter_name=name), adapter_name=name)
+    plain.set_adapter(module.active_adapters())  # type: ignore[operator]
+    return plain
 
 
 def without_lora(module: nn.Module) -> nn.Module:

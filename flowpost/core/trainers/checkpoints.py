@@ -21,6 +21,7 @@ from flowpost.core.checkpoint import (
 from flowpost.core.events import CheckpointEvent
 from flowpost.core.io import atomic_directory, file_errors_reported, write_json_atomic
 from flowpost.core.logging import get_logger
+from flowpost.core.models.quantize import with_quantized, without_quantized
 from flowpost.core.parallel import recorded_layout
 from flowpost.core.progress import TrainingProgress
 from flowpost.core.trainers.eight_bit import plain_state, quantized_state
@@ -79,7 +80,7 @@ class CheckpointManager:
         layout, snapshots = self.parallel, self.adapter.snapshots
         state = TrainingState(  # every rank builds it: gathering sharded weights is collective
             step=progress.optimizer_step,
-            model=layout.model_state(self.model),
+            model=without_quantized(layout.model_state(self.model)),  # re-created from the base on resume
             optimizer=plain_state(layout.optimizer_state(self.model, self.optimizer.optimizer)),
             scheduler=self.scheduler.state_dict(),
             snapshots={n: layout.snapshot_state(snapshots.state_dict(n)) for n in snapshots.names()},
@@ -142,7 +143,7 @@ class CheckpointManager:
                 "parameter name; start the stage over with --no-resume",
                 where=str(path),
             )
-        layout.load_model_state(self.model, state.model)
+        layout.load_model_state(self.model, with_quantized(state.model, self.model))
         layout.load_optimizer_state(self.model, self.optimizer.optimizer, quantized_state(state.optimizer))
         self.scheduler.load_state_dict(state.scheduler)
         if sorted(state.roles) != sorted(self.roles):

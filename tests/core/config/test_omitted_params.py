@@ -33,7 +33,7 @@ SD3 = {"family": "sd3", "pretrained": "stabilityai/stable-diffusion-3-medium-dif
 @pytest.mark.parametrize(
     ("section", "left_out"),
     [
-        (ModelConfig(), {"fallback", "options", "attention", "compile", *PRETRAINED}),
+        (ModelConfig(), {"fallback", "options", "attention", "compile", "quantize", *PRETRAINED}),
         (CodecModelConfig(), {"options", *PRETRAINED}),
         (ConditionsConfig(datasets=["digits"]), {"model"}),
         (ConditionsConfig(model=SD3, datasets=["digits"]), {"encoder"}),
@@ -56,6 +56,7 @@ def test_a_section_leaves_out_what_its_results_do_not_depend_on(section: BaseMod
     [
         (ModelConfig(init="previous"), "fallback"),
         (ModelConfig(compile=CompileConfig()), "compile"),
+        (ModelConfig(lora={"rank": 4}, quantize="int8"), "quantize"),
         (ConditionsConfig(model=SD3, datasets=["digits"]), "model"),
         (OptimizerConfig(name="muon", lr=0.02), "adamw_lr"),
         (EvaluateConfig(every=2), "every"),

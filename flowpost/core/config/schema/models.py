@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from flowpost.core.config.base import FiniteOptions, OmittingModel, StrictModel
 from flowpost.core.models.attention import DEFAULT_ATTENTION, diffusers_backend
+from flowpost.core.models.quantize import Quantize
 
 PRETRAINED_OPTIONS = ("revision", "variant", "torch_dtype", "components")
 
@@ -122,10 +123,11 @@ class CompileConfig(StrictModel):
 
 class ModelConfig(PretrainedOptions):
     """The model a stage trains: a registered family, initialised from scratch, a stage or the promoted export.
-    Its params leave out the pretrained options, the family's ``options``, ``attention`` and ``compile`` at
-    their defaults and ``fallback`` without ``init: previous``, so other stages keep their fingerprints."""
+    Its params leave out the pretrained options, the family's ``options``, ``attention``, ``compile`` and
+    ``quantize`` at their defaults and ``fallback`` without ``init: previous``, so other stages keep their
+    fingerprints."""
 
-    OMITTED_AT_DEFAULT = ("pretrained", "options", "attention", "compile", *PRETRAINED_OPTIONS)
+    OMITTED_AT_DEFAULT = ("pretrained", "options", "attention", "compile", "quantize", *PRETRAINED_OPTIONS)
 
     family: str = "tiny-sd3"
     init: str = Field(
@@ -140,6 +142,11 @@ class ModelConfig(PretrainedOptions):
     shift: float = Field(1.0, gt=0, description="flow-matching sigma shift")
     transformer: FiniteOptions = Field(default_factory=dict, description="transformer config overrides")
     lora: LoraConfig | None = None
+    quantize: Quantize = Field(
+        "none",
+        description="with lora: the frozen base's Linear weights in the repeated blocks stored in 8 bits (torchao "
+        "weight-only, one fp32 scale per row), for every pass; the adapters stay fp32",
+    )
     pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
     options: FiniteOptions = Field(
         default_factory=dict,
