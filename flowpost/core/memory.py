@@ -59,6 +59,20 @@ def estimate_memory(
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
     state_share = 1 / world_size if backend in ("fsdp2", "deepspeed-zero2") else 1.0
+    per_sample = activation_bytes(
+        footprint, text_tokens=text_tokens, activation_itemsize=activation_itemsize, lora=lora
+    )
+    return MemoryEstimate(
+        weights=(frozen + trainable) * weight_share,
+        gradients=trainable * state_share,
+        optimizer=ADAM_MOMENTS * trainable * state_share,
+        snapshots=snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE * weight_share,
+        activations=micro_batch * per_sample,
+    )
+
+
+def activation_bytes(footprint: ModelFootprint, *, text_tokens: int, activation_itemsize: int, lora: bool) -> float:
+    """Bytes one sample's forward keeps for backward (``image_tokens + text_tokens`` tokens)."""
     tokens = footprint.image_tokens + text_tokens
     per_block = tokens * footprint.hidden * ACTIVATION_BYTES * activation_itemsize / 2
     if footprint.checkpointing:
@@ -69,10 +83,4 @@ def estimate_memory(
         adapter_units = footprint.trainable / (2 * footprint.hidden)  # the ranks of every adapted layer, summed
         share = 1 / footprint.blocks if footprint.checkpointing and footprint.blocks else 1.0  # one block at a time
         per_sample += tokens * adapter_units * share * activation_itemsize
-    return MemoryEstimate(
-        weights=(frozen + trainable) * weight_share,
-        gradients=trainable * state_share,
-        optimizer=ADAM_MOMENTS * trainable * state_share,
-        snapshots=snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE * weight_share,
-        activations=micro_batch * per_sample,
-    )
+    return per_sample
