@@ -13,7 +13,8 @@ iteration has the same reward mean and, within 1e-4, the same loss as the defaul
 
 Each arm's run is a fresh process (peak RSS is per process), rounds alternating the arms' order. A run
 reports the ledger's phase seconds per iteration (rollout, reward, optimize; all iterations), the median
-iteration seconds (events, the first iteration left out) and the peak RSS above the process's peak
+iteration seconds (events, the first iteration left out), the process's CPU seconds per iteration (all
+threads, all iterations: what a loaded machine disturbs less) and the peak RSS above the process's peak
 after building the trainer (``ru_maxrss``: what the iterations add). Writes
 ``WORKSPACE/grpo_overlap.json`` and prints a table of medians over rounds.
 """
@@ -27,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,12 +126,15 @@ def run_arm(root: Path, arm: str, iterations: int, threads: int) -> dict[str, An
         folder_stage_spec(stage(model, arm, iterations), root, out, name="grpo", fingerprint=FINGERPRINT)
     )
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cpu = time.process_time()
     trainer.start()
+    cpu = time.process_time() - cpu
     cost = read_json(out / "final" / "cost.json")
     steps = [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
     return {
         "phases": {name: cost["phases"].get(name, 0.0) / iterations for name in PHASES},
         "iteration_s": statistics.median(unit_seconds(out / "events.jsonl")),
+        "cpu_s": cpu / iterations,
         "peak_rss_growth": cost["peak_memory_bytes"] - before,
         "first": {key: steps[0][key] for key in ("loss", "reward/total_mean")},
         "steps_per_pass": steps[0].get("replay/steps_per_pass", 4.0),
@@ -162,6 +167,7 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]
     for arm, results in runs.items():
         row = {f"{name}_s": statistics.median(r["phases"][name] for r in results) for name in PHASES}
         row["iteration_s"] = statistics.median(r["iteration_s"] for r in results)
+        row["cpu_s"] = statistics.median(r["cpu_s"] for r in results)
         row["peak_rss_growth_mib"] = statistics.median(r["peak_rss_growth"] for r in results) / 2**20
         row["steps_per_pass"] = results[0]["steps_per_pass"]
         table[arm] = row
@@ -192,13 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     table = summary(runs)
     write_json_atomic(args.workspace / "grpo_overlap.json", {"runs": runs, "medians": table, **vars(args)})
     default = table["default"]
-    print("| arm | steps/pass | rollout s | reward s | optimize s | iteration s | vs default | peak RSS growth |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| arm | steps/pass | rollout s | reward s | optimize s | iteration s | vs default | CPU s | peak RSS growth |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for arm, row in table.items():
         print(
             f"| {arm} | {row['steps_per_pass']:.0f} | {row['rollout_s']:.3f} | {row['reward_s']:.3f} | "
             f"{row['optimize_s']:.3f} | {row['iteration_s']:.3f} | {row['iteration_s'] / default['iteration_s']:.3f} | "
-            f"{row['peak_rss_growth_mib']:.0f} MiB |"
+            f"{row['cpu_s']:.3f} | {row['peak_rss_growth_mib']:.0f} MiB |"
         )
     return 0
 

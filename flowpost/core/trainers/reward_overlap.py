@@ -34,6 +34,11 @@ class OverlappedScoring:
         self._pending: list[Future[RewardOutput]] = []
         self._final: Tensor | None = None  # the rollout's samples the pending results belong to
 
+    def begin(self) -> None:
+        """Start a rollout: drop what an earlier rollout left unscored (waiting for its batches to end)."""
+        wait(self._pending)
+        self._pending, self._final = [], None
+
     def submit(self, final: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> None:
         """Start scoring one forward batch's final samples (the next batch may sample meanwhile)."""
         if self._worker is None:
@@ -66,9 +71,7 @@ class OverlappedScoring:
         """The scores of the rollout whose samples are ``final``, in submission order, once all are done;
         None when the pending batches belong to another rollout (or there are none)."""
         pending, owner = self._pending, self._final
-        self._pending, self._final = [], None
+        self.begin()
         if owner is not final or not pending:
-            wait(pending)
             return None
-        wait(pending)
         return RewardOutput.cat([future.result() for future in pending])  # raises the first scorer error

@@ -115,6 +115,8 @@ class RolloutEngine:
         batch = conditions.lookup(prompts).to(device)
         null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
         parts = []
+        if self.overlap is not None:
+            self.overlap.begin()
         for forward in self.forward_batches(len(indices)):
             rows = list(forward)
             state = self.adapter.prepare_condition_state(batch.index(rows))

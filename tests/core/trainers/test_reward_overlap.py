@@ -81,6 +81,12 @@ def test_each_forward_batch_is_scored_on_the_worker_while_the_next_one_samples(m
             calls["waited"] = started.wait(timeout=30)
         return forward(*args, **kwargs)
 
+    trainer.sample()  # a rollout left unscored: the next one's scores are its own
+    rollout = trainer.sample()
+    trainer.rollouts.score(rollout)
+    assert torch.equal(rollout.rewards, trainer.adapter.decode(rollout.final).flatten(1).mean(1))
+    reward.calls.clear()
+    started.clear()
     trainer.adapter.forward = forward_after_first_batch  # type: ignore[method-assign]
     rollout = trainer.sample()
     trainer.rollouts.score(rollout)
