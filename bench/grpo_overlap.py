@@ -5,7 +5,7 @@
 The arms are today's default (``replay_steps_per_pass: 0``, every stored step in one pass; rewards scored
 after the rollout), ``auto`` (``replay_steps_per_pass: auto``), ``overlap`` (``overlap_rewards: true``)
 and ``both``. The pipeline is the tests' tiny SD3 folder (``tests/tiny_sd3_pipeline.py``) with a larger
-transformer (4 blocks, 4 heads of 32, 16x16 latents: 64 image tokens; about 5 M parameters) trained in
+transformer (4 blocks, 4 heads of 32, 16x16 latents: 64 image tokens; 2.4 M parameters) trained in
 full; GRPO with CFG 4.5, 10 Flow-SDE steps with a 4-step window, 2 prompts x 4 rollouts in forward
 batches of 4, micro-batches of 4, a JPEG-size reward (scored on the CPU). Every arm samples the same
 rollouts (addressed noise) and replays the same steps; the script checks that each arm's first
