@@ -13,6 +13,8 @@ from torch import Tensor
 from flowpost.core.advantages import zero_advantage_fraction
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.contracts import Paradigm
+from flowpost.core.distributed import max_over_ranks
+from flowpost.core.memory import GIB
 from flowpost.core.models.footprint import model_footprint
 from flowpost.core.models.lora import has_lora
 from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, noise_scale, sde_step
@@ -153,7 +155,8 @@ class GRPOTrainer(GenerationTrainer):
         return [range(start, min(start + width, count)) for start in range(0, count, width)]
 
     def _auto_replay_width(self, batch: Rollout) -> int:
-        """``replay_steps_per_pass: auto``: chosen at the first replay for the configured micro-batch, then kept."""
+        """``replay_steps_per_pass: auto``: chosen at the first replay for the configured micro-batch (the least
+        over the ranks, so their passes stay in step), then kept."""
         if self.auto_width is None:
             assert batch.latents is not None
             where = f"stages.{self.stage}.train.replay_steps_per_pass"
@@ -166,7 +169,7 @@ class GRPOTrainer(GenerationTrainer):
             guided = self.sampling.guidance != 1.0
             rows = math.ceil(self.args.train_batch_size / self.accelerator.num_processes) * (2 if guided else 1)
             budget = replay_budget(self.accelerator.device, footprint, self.args.replay_memory_gib)
-            self.auto_width = auto_replay_width(
+            width = auto_replay_width(
                 footprint,
                 steps=len(batch.steps),
                 rows=rows,
@@ -175,9 +178,13 @@ class GRPOTrainer(GenerationTrainer):
                 lora=has_lora(self.adapter.module()),
                 budget=budget,
             )
+            self.auto_width = -max_over_ranks(-width, self.accelerator.device)  # the ranks' least: passes in step
             log.info(
                 "stage %s: replaying %d of %d stored steps per pass (replay_steps_per_pass: auto, %.2f GiB budget)",
-                *(self.stage, self.auto_width, len(batch.steps), budget / 1024**3),
+                self.stage,
+                self.auto_width,
+                len(batch.steps),
+                budget / GIB,
             )
         return self.auto_width
 
