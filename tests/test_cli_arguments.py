@@ -88,6 +88,11 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
         (["validate", "empty"], ERROR, "empty: this is a folder"),
         (["validate", DIGITS, "--set", "stages.sft.train.lr=.inf"], ERROR, "stages.sft.train.lr: inf is not a finite"),
         (["validate", DIGITS, "--set", "stages.grpo.train.group_size=one"], ERROR, "stages.grpo.train.group_size"),
+        (
+            ["validate", DIGITS, "--set", "stages.grpo.train.replay_memory_gib=2"],
+            ERROR,
+            "stages.grpo.train: replay_memory_gib sizes replay_steps_per_pass: auto, which is not set",
+        ),
     ],
     "config show": [
         (["config", "show", "missing.yaml"], ERROR, "missing.yaml: pipeline file not found"),

@@ -64,16 +64,9 @@ def estimate_memory(
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
     state_share = 1 / world_size if backend in ("fsdp2", "deepspeed-zero2") else 1.0
-    tokens = footprint.image_tokens + text_tokens
-    per_block = tokens * footprint.hidden * ACTIVATION_BYTES * activation_itemsize / 2
-    if footprint.checkpointing:
-        per_sample = footprint.blocks * tokens * footprint.hidden * activation_itemsize + per_block
-    else:
-        per_sample = footprint.blocks * per_block
-    if lora:
-        adapter_units = footprint.trainable / (2 * footprint.hidden)  # the ranks of every adapted layer, summed
-        share = 1 / footprint.blocks if footprint.checkpointing and footprint.blocks else 1.0  # one block at a time
-        per_sample += tokens * adapter_units * share * activation_itemsize
+    per_sample = activation_bytes(
+        footprint, text_tokens=text_tokens, activation_itemsize=activation_itemsize, lora=lora
+    )
     return MemoryEstimate(
         weights=(frozen + trainable) * weight_share,
         gradients=trainable * state_share,
@@ -85,3 +78,18 @@ def estimate_memory(
         snapshots=snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE * weight_share,
         activations=micro_batch * per_sample,
     )
+
+
+def activation_bytes(footprint: ModelFootprint, *, text_tokens: int, activation_itemsize: int, lora: bool) -> float:
+    """Bytes one sample's forward keeps for backward (``image_tokens + text_tokens`` tokens)."""
+    tokens = footprint.image_tokens + text_tokens
+    per_block = tokens * footprint.hidden * ACTIVATION_BYTES * activation_itemsize / 2
+    if footprint.checkpointing:
+        per_sample = footprint.blocks * tokens * footprint.hidden * activation_itemsize + per_block
+    else:
+        per_sample = footprint.blocks * per_block
+    if lora:
+        adapter_units = footprint.trainable / (2 * footprint.hidden)  # the ranks of every adapted layer, summed
+        share = 1 / footprint.blocks if footprint.checkpointing and footprint.blocks else 1.0  # one block at a time
+        per_sample += tokens * adapter_units * share * activation_itemsize
+    return per_sample

@@ -19,6 +19,14 @@ class RewardOutput:
     total: Tensor
     components: dict[str, Tensor]
 
+    @staticmethod
+    def cat(parts: list[RewardOutput]) -> RewardOutput:
+        """The outputs of consecutive batches as one, in order."""
+        return RewardOutput(
+            total=torch.cat([part.total for part in parts]),
+            components={name: torch.cat([part.components[name] for part in parts]) for name in parts[0].components},
+        )
+
 
 class WeightedRewards:
     """Scores a batch with several rewards and sums them with fixed weights.

@@ -96,7 +96,7 @@ class OnlineArguments(TrainerArguments):
     train_batch_size: int = Field(32, ge=1, description="global samples per training micro-batch")
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     inner_epochs: int = Field(1, ge=1, description="optimization passes over each rollout")
-    OMITTED_AT_DEFAULT = (*TrainerArguments.OMITTED_AT_DEFAULT, "reward_normalisation")
+    OMITTED_AT_DEFAULT = (*TrainerArguments.OMITTED_AT_DEFAULT, "reward_normalisation", "overlap_rewards")
 
     advantage_std: Literal["group", "global"] = "group"
     advantage_clip: float = Field(5.0, gt=0)
@@ -104,6 +104,13 @@ class OnlineArguments(TrainerArguments):
         "sum",
         description="sum: advantages of the weighted reward sum; per_reward (GDPO): each reward normalised in its "
         "group, their weighted sum rescaled by its batch std",
+    )
+
+    overlap_rewards: bool = Field(
+        False,
+        description="decode and score each rollout forward batch (rollout_batch_size) on a worker thread while "
+        "the next one samples (on CUDA, on a side stream); the rewards, advantages and losses are the same "
+        "either way",
     )
 
     @property

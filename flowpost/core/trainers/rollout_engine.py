@@ -3,7 +3,7 @@ window; rewards and group advantages; the shuffled micro-batches training passes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,6 +20,7 @@ from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.rewards.combine import RewardOutput
 from flowpost.core.sampling.checks import check_sde_steps
+from flowpost.core.trainers.reward_overlap import OverlappedScoring
 from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 
@@ -57,6 +58,7 @@ class RolloutEngine:
     store: bool
     collective_passes: bool
     rewards: WeightedRewards | None = None
+    overlap: OverlappedScoring | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         """Refuse, at load, SDE steps of the model's own sigma grid whose std is unbounded (or zero, for a
@@ -64,6 +66,13 @@ class RolloutEngine:
         sigmas = self.adapter.inference_sigmas(self.sampling.steps)
         coupled = type(self.args).paradigm is Paradigm.COUPLED
         check_sde_steps(sigmas, self.sampling, stage=self.stage, needs_noise=coupled)
+        if self.args.overlap_rewards and self.rewards is not None:
+            self.overlap = OverlappedScoring(self._score_part, self.accelerator.device)
+
+    def forward_batches(self, rows: int) -> list[range]:
+        """This rank's ``rows`` in the rollout's forward batches (``rollout_batch_size`` over the ranks)."""
+        local = max(self.args.rollout_batch_size // self.accelerator.num_processes, 1)
+        return [range(start, min(start + local, rows)) for start in range(0, rows, local)]
 
     def window(self, iteration: int) -> range:
         """The steps sampled with SDE dynamics (and stored for training) in ``iteration``."""
@@ -105,10 +114,11 @@ class RolloutEngine:
         sigmas = self.adapter.inference_sigmas(sampling.steps)
         batch = conditions.lookup(prompts).to(device)
         null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
-        local = args.rollout_batch_size // self.accelerator.num_processes
         parts = []
-        for start in range(0, len(indices), max(local, 1)):
-            rows = list(range(start, min(start + local, len(indices))))
+        if self.overlap is not None:
+            self.overlap.begin()
+        for forward in self.forward_batches(len(indices)):
+            rows = list(forward)
             state = self.adapter.prepare_condition_state(batch.index(rows))
             negative = self.adapter.prepare_condition_state(null.index([0] * len(rows))) if null is not None else None
             parts.append(
@@ -126,9 +136,11 @@ class RolloutEngine:
                     store=store,
                 )
             )
+            if self.overlap is not None:  # scored while the next forward batch samples
+                self.overlap.submit(parts[-1]["final"], [prompts[r] for r in rows], [metadata[r] for r in rows])
         traj = {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
         steps = torch.tensor(list(window) if store else [], dtype=torch.long)
-        return Rollout(
+        rollout = Rollout(
             prompts=prompts,
             metadata=metadata,
             group_ids=torch.tensor(group_ids),
@@ -139,6 +151,9 @@ class RolloutEngine:
             sigmas_next=sigmas[steps + 1],
             **traj,
         )
+        if self.overlap is not None:
+            self.overlap.finish(rollout.final)
+        return rollout
 
     def micro_batches(self, size: int, iteration: int, epoch: int) -> list[MicroBatch]:
         """Pass ``epoch`` (of ``iteration``)'s shuffled micro-batches over a rollout of ``size`` rows per rank.
@@ -167,7 +182,12 @@ class RolloutEngine:
         """Rewards of this rank's samples, advantages over the gathered (all-rank) groups."""
         if self.rewards is None:
             raise TypeError("score() needs rewards; this stage has none")
-        output = self.rewards(self.adapter.decode(rollout.final).cpu(), rollout.prompts, rollout.metadata)
+        output = self.overlap.collect(rollout.final) if self.overlap is not None else None
+        if output is None:  # scored here, forward batch by forward batch as the overlap would
+            parts = [slice(rows.start, rows.stop) for rows in self.forward_batches(len(rollout))]
+            output = RewardOutput.cat(
+                [self._score_part(rollout.final[p], rollout.prompts[p], rollout.metadata[p]) for p in parts]
+            )
         device = self.accelerator.device
         gathered = RewardOutput(
             total=self.accelerator.gather(output.total.to(device)).cpu(),
@@ -184,6 +204,11 @@ class RolloutEngine:
             steering = reward_correlations(gathered.components, groups, advantages)
             metrics |= {f"advantage/{name}_corr": value for name, value in steering.items()}
         return metrics
+
+    def _score_part(self, final: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
+        """The rewards of one forward batch's final samples (decoded, on the host)."""
+        assert self.rewards is not None
+        return self.rewards(self.adapter.decode(final).cpu(), prompts, metadata)
 
     def _advantages(self, rewards: RewardOutput, weights: dict[str, float], groups: Tensor) -> Tensor:
         """The gathered samples' advantages (``train.reward_normalisation``): of the weighted sum (``sum``), or

@@ -24,6 +24,7 @@ from flowpost.core.config.schema import (
     StatisticBand,
 )
 from flowpost.core.trainers.optimizers import OptimizerConfig
+from flowpost.core.trainers.rl.grpo import GRPOArguments
 
 PRETRAINED = {"pretrained", "revision", "variant", "torch_dtype", "components"}
 DIGITS_FIELDS = {"source", "path", "split_seed", "image_size", "test_fraction"}
@@ -44,6 +45,7 @@ SD3 = {"family": "sd3", "pretrained": "stabilityai/stable-diffusion-3-medium-dif
         (EvaluateConfig(), {"every"}),
         (ExportConfig(from_stage="sft"), {"promote"}),
         (StageConfig(trainer="sft"), {"optimizers", "guard"}),
+        (GRPOArguments(), {"reward_normalisation", "overlap_rewards", "replay_memory_gib"}),
     ],
 )
 def test_a_section_leaves_out_what_its_results_do_not_depend_on(section: BaseModel, left_out: set[str]) -> None:
@@ -62,6 +64,8 @@ def test_a_section_leaves_out_what_its_results_do_not_depend_on(section: BaseMod
         (EvaluateConfig(every=2), "every"),
         (MetricConfig(name="fd", key="fd_judge"), "key"),
         (RewardConfig(name="clip_score", frames="sampled", sampled_frames=2), "sampled_frames"),
+        (GRPOArguments(overlap_rewards=True), "overlap_rewards"),
+        (GRPOArguments(replay_steps_per_pass="auto", replay_memory_gib=1.0), "replay_memory_gib"),
     ],
 )
 def test_a_set_addition_or_a_field_that_applies_is_kept(section: BaseModel, kept: str) -> None:

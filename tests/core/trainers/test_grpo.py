@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from flowpost.core.advantages import zero_advantage_fraction
+from flowpost.core.memory import GIB, activation_bytes
+from flowpost.core.models.footprint import model_footprint
 from flowpost.core.trainers.objective import to_host
 from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.grpo import GRPOTrainer, ppo_clip_loss
+from flowpost.core.trainers.rl.replay_width import auto_replay_width, replay_budget
 
 JPEG = [{"name": "jpeg_incompressibility"}]
 SMALL = {"prompts_per_iteration": 2, "group_size": 4, "rollout_batch_size": 8, "train_batch_size": 4}
@@ -38,10 +41,16 @@ def test_replay_reproduces_rollout_log_probs_at_the_training_micro_batch(make_tr
         assert float((ratio - 1).abs().max()) < 1e-5
 
 
+def _activation_gib(trainer, rows: int) -> float:
+    """GiB of ``rows`` samples' replay activations, as ``replay_steps_per_pass: auto`` estimates them."""
+    footprint = model_footprint(trainer.adapter)
+    return rows * activation_bytes(footprint, text_tokens=16, activation_itemsize=4, lora=False) / GIB
+
+
 @pytest.mark.parametrize("kl_space", ["x", "v"])
 def test_replaying_all_steps_in_one_pass_matches_one_pass_per_step(make_trainer, tmp_path, kl_space):
     grads = []
-    for per_pass in (1, 0, 2):
+    for per_pass in (1, 0, 2, "auto"):
         trainer = make_trainer(
             tmp_path / str(per_pass),
             cls=GRPOTrainer,
@@ -52,17 +61,39 @@ def test_replaying_all_steps_in_one_pass_matches_one_pass_per_step(make_trainer,
             replay_steps_per_pass=per_pass,
             **SMALL,
         )
+        if per_pass == "auto":  # a budget of 3.5 steps of 4 rows with their CFG copies: passes of 3 and 2 steps
+            budget = 3.5 * _activation_gib(trainer, rows=2 * 4)
+            trainer.args = trainer.args.model_copy(update={"replay_memory_gib": budget})
         rollout = trainer.sample()
         trainer.rollouts.score(rollout)
         trainer.adapter.module().zero_grad()
         metrics = _replay(trainer, rollout.select([0, 3, 5, 6]))
         params = [p for p in trainer.adapter.module().parameters() if p.grad is not None]
         grads.append((torch.cat([p.grad.flatten() for p in params]), metrics))
+        assert trainer.auto_width == (3 if per_pass == "auto" else None)
     reference, reference_metrics = grads[0]
     assert float(reference.abs().max()) > 0
     for grad, metrics in grads[1:]:
         torch.testing.assert_close(grad, reference, rtol=1e-4, atol=1e-6)
         assert metrics["loss"] == pytest.approx(reference_metrics["loss"], rel=1e-4, abs=1e-7)
+
+
+def test_auto_replay_width_is_the_most_steps_whose_activations_fit_the_budget(make_trainer, tmp_path):
+    trainer = make_trainer(tmp_path, cls=GRPOTrainer, rewards=JPEG, sampling={"steps": 6}, **SMALL)
+    footprint = model_footprint(trainer.adapter)
+    one_step = _activation_gib(trainer, rows=4) * GIB
+    widths = [
+        auto_replay_width(footprint, steps=5, rows=4, text_tokens=16, dtype=torch.float32, lora=False, budget=budget)
+        for budget in (0.0, one_step, 2.99 * one_step, 3 * one_step, 100 * one_step)
+    ]
+    assert widths == [1, 1, 2, 3, 5]
+    half = auto_replay_width(
+        footprint, steps=5, rows=4, text_tokens=16, dtype=torch.bfloat16, lora=False, budget=one_step
+    )
+    assert half == 2  # 16-bit activations take half the bytes
+    cpu = torch.device("cpu")
+    assert replay_budget(cpu, footprint, None) == footprint.weight_bytes
+    assert replay_budget(cpu, footprint, 0.25) == 0.25 * GIB
 
 
 def _scored_off_reference(make_trainer, path, **args):

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import logging
+import math
+from typing import Annotated, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from flowpost.core.advantages import zero_advantage_fraction
 from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.contracts import Paradigm
+from flowpost.core.distributed import max_over_ranks
+from flowpost.core.memory import GIB
+from flowpost.core.models.footprint import model_footprint
+from flowpost.core.models.lora import has_lora
 from flowpost.core.sampling.sde import StepOutput, gaussian_kl_mean, noise_scale, sde_step
 from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.objective import Metrics, Objective, accumulate
+from flowpost.core.trainers.rl.replay_width import auto_replay_width, replay_budget
 from flowpost.core.trainers.rl.rollout import Rollout
+from flowpost.errors import FlowpostError
+
+log = logging.getLogger(__name__)
 
 
 class CoupledArguments(OnlineArguments):
@@ -38,9 +48,28 @@ class CoupledArguments(OnlineArguments):
         "mean, adding KL but no policy gradient; drop: they leave the loss and the other rows are renormalised "
         "over the gathered rollout, as Flow-GRPO filters them",
     )
-    replay_steps_per_pass: int = Field(
-        0, ge=0, description="stored steps replayed per forward/backward pass (0: all; lower it to save memory)"
+    OMITTED_AT_DEFAULT = (*OnlineArguments.OMITTED_AT_DEFAULT, "replay_memory_gib")
+
+    replay_steps_per_pass: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        0,
+        description="stored steps replayed per forward/backward pass (0: all; lower it to save memory); auto: "
+        "the most whose activations fit replay_memory_gib, chosen once at the first replay and logged",
     )
+    replay_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="the activation budget of one replay pass under replay_steps_per_pass: auto; null: on CUDA "
+        "the free device memory after the weights, gradients and optimizer state, on CPU the network's weight bytes",
+    )
+
+    @model_validator(mode="after")
+    def _budget_needs_auto(self) -> CoupledArguments:
+        if self.replay_memory_gib is not None and self.replay_steps_per_pass != "auto":
+            raise ValueError(
+                "replay_memory_gib sizes replay_steps_per_pass: auto, which is not set; "
+                "set replay_steps_per_pass: auto or remove replay_memory_gib"
+            )
+        return self
 
 
 class GRPOArguments(CoupledArguments):
@@ -69,6 +98,7 @@ class GRPOTrainer(GenerationTrainer):
     Arguments: ClassVar[type[CoupledArguments]] = GRPOArguments
     args: CoupledArguments
     captured_snapshots = {Snapshot.REFERENCE: "kl_beta"}
+    auto_width: int | None = None  # replay_steps_per_pass: auto, once chosen
 
     def setup(self) -> None:
         if self.args.kl_beta > 0:
@@ -83,7 +113,10 @@ class GRPOTrainer(GenerationTrainer):
             assert samples.advantages is not None
             gathered = self.accelerator.gather(samples.advantages.to(self.accelerator.device))
             kept = 1.0 - zero_advantage_fraction(gathered)  # once per rollout: whether anything trains
-        return self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale, kept=kept))
+        metrics = self.train_on_rollout(samples, lambda batch, scale: self.replay_loss(batch, scale=scale, kept=kept))
+        if self.auto_width is not None:
+            metrics["replay/steps_per_pass"] = float(self.auto_width)
+        return metrics
 
     def _condition_states(self, batch: Rollout) -> tuple[ConditionState, ConditionState | None]:
         device = self.accelerator.device
@@ -117,8 +150,43 @@ class GRPOTrainer(GenerationTrainer):
     def _step_chunks(self, batch: Rollout) -> list[range]:
         """The stored steps grouped into the passes of ``replay_steps_per_pass``."""
         count = len(batch.steps)
-        width = self.args.replay_steps_per_pass or count
+        setting = self.args.replay_steps_per_pass
+        width = self._auto_replay_width(batch) if setting == "auto" else setting or count
         return [range(start, min(start + width, count)) for start in range(0, count, width)]
+
+    def _auto_replay_width(self, batch: Rollout) -> int:
+        """``replay_steps_per_pass: auto``: chosen at the first replay for the configured micro-batch (the least
+        over the ranks, so their passes stay in step), then kept."""
+        if self.auto_width is None:
+            assert batch.latents is not None
+            where = f"stages.{self.stage}.train.replay_steps_per_pass"
+            try:
+                footprint = model_footprint(self.adapter)
+            except (AttributeError, TypeError) as error:
+                raise FlowpostError(
+                    f"auto cannot size the replay of this model ({error}); set a number of steps per pass", where=where
+                ) from error
+            guided = self.sampling.guidance != 1.0
+            rows = math.ceil(self.args.train_batch_size / self.accelerator.num_processes) * (2 if guided else 1)
+            budget = replay_budget(self.accelerator.device, footprint, self.args.replay_memory_gib)
+            width = auto_replay_width(
+                footprint,
+                steps=len(batch.steps),
+                rows=rows,
+                text_tokens=int(batch.conditions.token_states.shape[1]),
+                dtype=self.adapter.compute_dtype or batch.latents.dtype,
+                lora=has_lora(self.adapter.module()),
+                budget=budget,
+            )
+            self.auto_width = -max_over_ranks(-width, self.accelerator.device)  # the ranks' least: passes in step
+            log.info(
+                "stage %s: replaying %d of %d stored steps per pass (replay_steps_per_pass: auto, %.2f GiB budget)",
+                self.stage,
+                self.auto_width,
+                len(batch.steps),
+                budget / GIB,
+            )
+        return self.auto_width
 
     @torch.no_grad()
     def replay_log_probs(self, batch: Rollout) -> Tensor:
