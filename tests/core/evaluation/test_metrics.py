@@ -11,7 +11,7 @@ import safetensors.torch
 import torch
 from PIL import Image
 
-from flowpost.core.evaluation.classifier import JUDGE_CLASSIFIER, REWARD_CLASSIFIER, DigitClassifier, save_classifier
+from flowpost_digits.classifier import JUDGE_CLASSIFIER, REWARD_CLASSIFIER, DigitClassifier, save_classifier
 from flowpost.core.evaluation.frechet import frechet_distance
 from flowpost.core.evaluation.registry import METRICS, build_metric
 from flowpost.core.evaluation.samples import EvalSamples

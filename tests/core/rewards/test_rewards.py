@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from flowpost.core.evaluation.classifier import DigitClassifier, save_classifier
+from flowpost_digits.classifier import DigitClassifier, save_classifier
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from flowpost.core.rewards.registry import REWARDS, build_reward

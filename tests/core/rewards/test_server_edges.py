@@ -14,8 +14,8 @@ from torch import Tensor
 from typer.testing import CliRunner
 
 from flowpost.cli import app
-from flowpost.core.evaluation.classifier import REWARD_CLASSIFIER, DigitClassifier, save_classifier
-from flowpost.core.rewards.digit_adherence import DigitAdherence
+from flowpost_digits.classifier import REWARD_CLASSIFIER, DigitClassifier, save_classifier
+from flowpost_digits.reward import DigitAdherence
 from flowpost.core.rewards.remote import RemoteReward, encode_images
 from flowpost.core.rewards.server import Limits, serve_reward
 from flowpost.errors import FlowpostError
