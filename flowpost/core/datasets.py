@@ -25,7 +25,7 @@ DATASETS: dict[str, str] = {
     "prompt-files": "flowpost.tasks.acquire:PromptFilesSource",
     "table": "flowpost.tasks.acquire:TableSource",
     "video-folder": "flowpost.tasks.acquire:VideoFolderSource",
-    "web-shards": "flowpost.tasks.acquire:WebShardsSource",
+    "webdataset": "flowpost.tasks.acquire:WebShardsSource",
 }
 DATASET_REGISTRY = Registry(
     "dataset source",

@@ -236,15 +236,15 @@ def test_a_reward_without_a_name_is_refused_when_built(site: Path) -> None:
 
 
 def test_an_entry_point_reusing_a_built_in_name_is_an_error_naming_both(tmp_path: Path, monkeypatch, pipeline) -> None:
-    points = {"flowpost.rewards": {"digit_adherence": "my_algos.scores:Darkness"}}
+    points = {"flowpost.rewards": {"jpeg_compressibility": "my_algos.scores:Darkness"}}
     with on_path(_install(tmp_path / "site", points), monkeypatch):
         with pytest.raises(FlowpostError) as info:
             validate_pipeline(pipeline())
         listed = flowpost_main("list", "rewards")
     expected = (
-        "package 'my-algos' declares reward 'digit_adherence' (my_algos.scores:Darkness) in entry point group "
-        "flowpost.rewards, and flowpost's built-in reward 'digit_adherence' "
-        "(flowpost.core.rewards.digit_adherence:DigitAdherence) has that name; rename the entry point"
+        "package 'my-algos' declares reward 'jpeg_compressibility' (my_algos.scores:Darkness) in entry point group "
+        "flowpost.rewards, and flowpost's built-in reward 'jpeg_compressibility' "
+        "(flowpost.core.rewards.jpeg:JpegCompressibility) has that name; rename the entry point"
     )
     assert expected in str(info.value) and "stages.grpo.rewards.0.name" in str(info.value)
     assert listed.code == 1 and expected in listed.stderr and "flowpost list" in listed.stderr

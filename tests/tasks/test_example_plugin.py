@@ -47,7 +47,8 @@ def test_flowpost_list_marks_the_plugin_entries(site: Path) -> None:
     rewards = flowpost_main("list", "rewards").stdout.splitlines()
     metrics = flowpost_main("list", "metrics").stdout.splitlines()
     assert f"contrast\tflowpost_example_plugin.rewards:Contrast\t{PLUGIN}" in rewards
-    assert "digit_adherence\tflowpost.core.rewards.digit_adherence:DigitAdherence" in rewards  # a built-in: unmarked
+    assert "jpeg_compressibility\tflowpost.core.rewards.jpeg:JpegCompressibility" in rewards  # a built-in: unmarked
+    assert "digit_adherence\tflowpost_digits.reward:DigitAdherence\tplugin: flowpost" in rewards  # the digits extra
     assert f"sharpness\tflowpost_example_plugin.metrics:Sharpness\t{PLUGIN}" in metrics
     assert f"contrast\tflowpost_example_plugin.rewards:Contrast\t{PLUGIN}" in metrics  # every reward is a metric
 
