@@ -39,7 +39,8 @@ def _digits(n: int, seed: int = 0) -> EvalSamples:
 
 
 def test_every_reward_and_metric_is_a_metric_name() -> None:
-    assert list(registry("metrics")) == sorted({*METRICS, *REWARDS})  # what `flowpost list metrics` prints
+    digits = {"adherence", "fd", "digit_adherence"}  # the entry points of the digits extra
+    assert list(registry("metrics")) == sorted({*METRICS, *REWARDS, *digits})  # what `flowpost list metrics` prints
     assert not set(METRICS) & set(REWARDS)
 
 

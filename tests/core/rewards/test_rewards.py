@@ -114,7 +114,8 @@ def test_registry_builds_digit_adherence(tmp_path: Path) -> None:
 
 
 def test_registry_errors_name_the_config_path() -> None:
-    with pytest.raises(FlowpostError, match="known rewards: " + ", ".join(sorted(REWARDS))) as info:
+    known = sorted({*REWARDS, "digit_adherence"})  # the built-ins and the digits extra's entry point
+    with pytest.raises(FlowpostError, match="known rewards: " + ", ".join(known)) as info:
         build_reward("no_such_reward", options={}, where="stages.grpo.rewards.0.name")
     assert info.value.where == "stages.grpo.rewards.0.name"
     with pytest.raises(FlowpostError, match="accepted parameters: none") as info:

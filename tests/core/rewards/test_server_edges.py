@@ -55,7 +55,7 @@ def _post(url: str, payload: dict[str, Any]) -> tuple[int, str]:
     [
         (torch.rand(2, 1, 16, 16), 10, "label 10 is out of range; digits are 0-9"),
         (torch.rand(2, 1, 16, 16), 1.9, "label 1.9 is not an integer"),
-        (torch.rand(2, 1, 16, 16), True, "label True is a boolean, not a digit 0-9"),
+        (torch.rand(2, 1, 16, 16), True, "label True is a boolean, not an integer"),
         (torch.rand(2, 3, 16, 16), 1, r"grayscale 16x16 images \[B, 1, 16, 16\], got \(2, 3, 16, 16\)"),
         (torch.rand(2, 1, 20, 20), 1, r"got \(2, 1, 20, 20\)"),
     ],
