@@ -27,6 +27,6 @@ def registry(what: str) -> dict[str, Entry]:
     if what == "metrics":
         return metric_entries(where=WHERE)
     if what not in REGISTRIES:
-        known = ", ".join([*REGISTRIES, "metrics"])
-        raise FlowpostError(f"unknown registry {what!r}; use one of {known}", where=WHERE)
+        known = ", ".join(["trainers", "models", "rewards", "metrics", "datasets"])
+        raise FlowpostError(f"unknown registry {what!r}; use {known} or encoders", where=WHERE)
     return REGISTRIES[what].entries(where=WHERE)
