@@ -137,8 +137,7 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"max length {manifest['encoder']['max_length']} tokens)",
         f"- Output codec: {model['output_codec']}",
         f"- Schedule: flow matching, {_shift_words(model['schedule'])}, velocity = noise - x0",
-        f'- Sample: `flowpost sample {{this folder}} --prompt "a handwritten digit seven" -n 16 '
-        f"--out {_sample_file(model)}`",
+        f'- Sample: `flowpost sample {{this folder}} --prompt "your prompt" -n 16 --out {_sample_file(model)}`',
     ]
     if "guard" in manifest:
         lines += ["", f"Guard: {describe_guard(manifest['stage'], manifest['guard'])}."]
