@@ -353,7 +353,9 @@ def sample(
 
 
 @app.command("list")
-def list_(what: Annotated[str, typer.Argument(help="trainers | models | rewards | metrics")]) -> None:
+def list_(
+    what: Annotated[str, typer.Argument(help="trainers | models | rewards | metrics | datasets | encoders")],
+) -> None:
     """Print a registry: name and import target, and for a plugin the package declaring it."""
     from flowpost.core.registries import registry
 

@@ -111,7 +111,11 @@ CASES: dict[str, list[tuple[list[str], int, str]]] = {
     ],
     "list": [
         (["list"], USAGE, "Missing argument 'what'"),
-        (["list", "samplers"], ERROR, "unknown registry 'samplers'; use trainers, models, rewards or metrics"),
+        (
+            ["list", "samplers"],
+            ERROR,
+            "unknown registry 'samplers'; use trainers, models, rewards, metrics, datasets or encoders",
+        ),
     ],
     "reward-server": [
         (["reward-server"], USAGE, "Missing argument 'name'"),

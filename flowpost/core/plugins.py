@@ -1,9 +1,11 @@
-"""One registry per kind of pluggable class: trainers, model families, rewards, evaluation metrics.
+"""One registry per kind of pluggable class: trainers, model families, rewards, evaluation metrics, dataset sources and
+text encoders.
 
-A name in a pipeline file is a built-in (the registry's static ``name -> "module:attribute"`` dict), an entry
-point an installed package declares in the registry's group (``flowpost.rewards``, ...), or a class written as
-``package.module:Class``. A class is imported only when used, and checked against the registry's base (a class
-it must subclass, or a protocol whose methods it must implement) when it is.
+A name in a pipeline file is a built-in (the registry's static ``name -> "module:attribute"`` dict), an entry point
+an installed package declares in the registry's group (``flowpost.rewards``, ...), or a class written as
+``package.module:Class``. An entry point may name the extras it needs (``module:Class [extra]``): when its import
+fails, the error says which extra to install. A class is imported only when used, and checked against the registry's
+base (a class it must subclass, or a protocol whose methods it must implement) when it is.
 """
 
 from __future__ import annotations
@@ -27,17 +29,24 @@ def is_path(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered name: the ``module:attribute`` it imports and, for a plugin, the distribution declaring it."""
+    """A registered name: the ``module:attribute`` it imports and, for a plugin, the distribution declaring it and
+    the extras of that distribution it needs."""
 
     name: str
     target: str
     plugin: str | None = None
+    extras: tuple[str, ...] = ()
 
 
 @cache
 def _declared(group: str, search_path: tuple[str, ...]) -> tuple[Entry, ...]:
     return tuple(
-        Entry(point.name, point.value, point.dist.name if point.dist is not None else "an unnamed distribution")
+        Entry(
+            point.name,
+            f"{point.module}:{point.attr}",
+            point.dist.name if point.dist is not None else "an unnamed distribution",
+            tuple(point.extras),
+        )
         for point in metadata.entry_points(group=group)
     )
 
@@ -94,11 +103,29 @@ class Registry:
     def load(self, name: str, *, where: str) -> Any:
         """The class ``name`` stands for, imported and checked against ``base``; errors name ``where``."""
         target = self.target(name, where=where)
-        cls = import_object(target, what=f"{self.kind} {name!r}", where=where)
+        try:
+            cls = import_object(target, what=f"{self.kind} {name!r}", where=where)
+        except FlowpostError as exc:
+            missing = self._missing_extra(name, exc, where=where)
+            if missing is None:
+                raise
+            raise missing from exc.__cause__
         if problem := self.mismatch(cls):
             named = f"{name!r}" if target == name else f"{name!r} ({target})"
             raise FlowpostError(f"{self.kind} {named} {problem}", where=where)
         return cls
+
+    def _missing_extra(self, name: str, exc: FlowpostError, *, where: str) -> FlowpostError | None:
+        """The error for a plugin whose entry point names extras and whose import found a module missing."""
+        entry = None if is_path(name) else self.entries(where=where).get(name)
+        if entry is None or not entry.extras or not isinstance(exc.__cause__, ModuleNotFoundError):
+            return None
+        extras = ",".join(entry.extras)
+        return FlowpostError(
+            f"{self.kind} {name!r} comes with the {extras} extra of {entry.plugin}, which is not installed "
+            f"({exc.__cause__}); pip install '{entry.plugin}[{extras}]'",
+            where=where,
+        )
 
     def problem(self, name: str, *, where: str) -> str | None:
         """Why ``name`` cannot be used (``where: message``), or None. A plugin is imported and checked; a

@@ -13,7 +13,7 @@ from flowpost.core.io import read_json
 from flowpost.data.shards import read_shards
 from flowpost.errors import FlowpostError
 
-HELD_OUT_SHARDS = ("test", "eval")  # the digits' held-out images; an image source's held-out split
+HELD_OUT_SHARDS = ("test", "eval")  # the held-out shards a source writes (the digits: test; captioned media: eval)
 
 
 @dataclass(frozen=True)

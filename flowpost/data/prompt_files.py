@@ -1,12 +1,12 @@
 """Prompt files: a file or a folder of ``.txt`` / ``.jsonl`` / ``.csv`` / ``.parquet`` prompts.
 
-``.txt`` holds one prompt per line (blank lines are skipped; there is no comment syntax: every other
-line is a prompt, ``#`` included); the other formats hold a ``prompt`` field or column, and every other
-field becomes the record's metadata. Files are read line by line as UTF-8 (a byte-order mark is
-dropped); control characters other than tab and line breaks are removed from prompts and counted.
-A ``label`` is the digit 0-9 ``digit_adherence`` scores (decimal text in a CSV cell is read as its
-integer); anything else is refused. A folder contributes its files in name order,
-subfolders included; a prompt seen twice must carry the same metadata both times.
+``.txt`` holds one prompt per line (blank lines are skipped; there is no comment syntax: every other line is a
+prompt, ``#`` included); the other formats hold a ``prompt`` field or column, and every other field becomes the
+record's metadata. Files are read line by line as UTF-8 (a byte-order mark is dropped); control characters other
+than tab and line breaks are removed from prompts and counted. A ``label`` is an integer class label, as a scorer
+reading labels (e.g. ``digit_adherence``) takes it (decimal text in a CSV cell is read as its integer); anything
+else is refused. A folder contributes its files in name order, subfolders included; a prompt seen twice must carry
+the same metadata both times.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from flowpost.core.rewards.labels import digit_label
+from flowpost.core.labels import integer_label
 from flowpost.data.file_hashes import files_fingerprint
 from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
 from flowpost.data.records import PromptRecord
@@ -81,7 +81,7 @@ def read_prompt_files(path: str | Path, *, where: str) -> PromptSet:
 
 def _record(row: PromptRow) -> tuple[PromptRecord, int]:
     """The row as a record (a non-empty prompt without control characters, and a ``label``, when given, read
-    as a digit) and the count of control characters removed."""
+    as an integer) and the count of control characters removed."""
     metadata = dict(row.fields)
     if "prompt" not in metadata:
         fields = ", ".join(map(str, metadata)) or "none"
@@ -96,10 +96,10 @@ def _record(row: PromptRow) -> tuple[PromptRecord, int]:
         raise FlowpostError("'prompt' is blank; remove the row or write its prompt", where=row.where)
     if "label" in metadata:
         try:
-            metadata["label"] = digit_label(metadata["label"])
+            metadata["label"] = integer_label(metadata["label"])
         except ValueError as exc:
             raise FlowpostError(
-                f"{exc}; 'label' is the digit digit_adherence scores: fix it, or rename the field if it means "
+                f"{exc}; 'label' is the class label a scorer reads: fix it, or rename the field if it means "
                 "something else",
                 where=row.where,
             ) from None

@@ -1,4 +1,5 @@
-"""Node ``acquire.<dataset>``: digits shards, manifest and evaluator classifiers, a prompt set, or captioned media."""
+"""Node ``acquire.<dataset>``: the dataset source its ``source`` names acquires it; the built-in ones, a prompt set
+or captioned media, are here."""
 
 from __future__ import annotations
 
@@ -9,52 +10,88 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from flowpost.core.config.schema.captioned import CaptionedDataset
-from flowpost.core.config.schema.datasets import DigitsDataset, PromptFilesDataset
-from flowpost.core.evaluation.classifier import (
-    JUDGE_CLASSIFIER,
-    REWARD_CLASSIFIER,
-    accuracy,
-    save_classifier,
-    train_classifier,
-)
+from flowpost.core.config.schema import captioned
+from flowpost.core.config.schema.dataset_base import StoredDataset
+from flowpost.core.config.schema.datasets import PromptFilesDataset
+from flowpost.core.datasets import DATASET_REGISTRY, DatasetSource
 from flowpost.core.io import sha256_file, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.data.bad_items import BadItems
 from flowpost.data.captioned import captioned_records, check_captioned
-from flowpost.data.digits import (
-    EVAL_TEMPLATES,
-    TRAIN_TEMPLATES,
-    caption,
-    demonstrations,
-    load_digits_split,
-)
 from flowpost.data.item_progress import item_progress
 from flowpost.data.preprocess import decoding_record
 from flowpost.data.prompt_files import prompt_files_fingerprint, read_prompt_files
-from flowpost.data.shards import SHARD_SIZE, ShardWriter, write_shards
+from flowpost.data.shards import SHARD_SIZE, ShardWriter
 from flowpost.data.sources.registry import source_for
 from flowpost.data.stage_inputs import PROMPTS_FILE
 
 log = get_logger(__name__)
-MIN_ACCURACY = 0.97
 
 
 def acquire_dataset(
-    config: DigitsDataset | PromptFilesDataset | CaptionedDataset,
-    out_dir: Path,
-    *,
-    smoke: bool = False,
-    where: str = "datasets",
+    config: StoredDataset, out_dir: Path, *, smoke: bool = False, where: str = "datasets"
 ) -> dict[str, Any]:
-    """Acquire one dataset into ``out_dir`` and return its manifest (also written as ``manifest.json``)."""
-    if isinstance(config, PromptFilesDataset):
-        return acquire_prompt_files(config, out_dir, where=where)
-    if isinstance(config, CaptionedDataset):
-        return acquire_images(config, out_dir, where=where)
-    return acquire_digits(config, out_dir, smoke=smoke)
+    """Acquire one dataset into ``out_dir`` with the source its ``source`` names, and return its manifest (also
+    written as ``manifest.json``)."""
+    source: DatasetSource = DATASET_REGISTRY.load(config.source, where=f"{where}.source")(config)
+    return source.acquire(out_dir, smoke=smoke, where=where)
+
+
+class PromptFilesSource(DatasetSource):
+    """``prompt-files``: a prompt set (``acquire_prompt_files``)."""
+
+    model = PromptFilesDataset
+    config: PromptFilesDataset
+
+    def acquire(self, out_dir: Path, *, smoke: bool, where: str) -> dict[str, Any]:
+        """Copy the prompts and write the manifest."""
+        return acquire_prompt_files(self.config, out_dir, where=where)
+
+
+class CaptionedMediaSource(DatasetSource):
+    """A source of captioned media, read by its reader (``data/sources``) into shards (``acquire_images``)."""
+
+    config: captioned.CaptionedDataset
+
+    def acquire(self, out_dir: Path, *, smoke: bool, where: str) -> dict[str, Any]:
+        """Stream the items into shards and write the manifest."""
+        return acquire_images(self.config, out_dir, where=where)
+
+
+class ImageFolderSource(CaptionedMediaSource):
+    """``image-folder``."""
+
+    model = captioned.ImageFolderDataset
+
+
+class TableSource(CaptionedMediaSource):
+    """``table``."""
+
+    model = captioned.TableDataset
+
+
+class VideoFolderSource(CaptionedMediaSource):
+    """``video-folder``."""
+
+    model = captioned.VideoFolderDataset
+
+
+class PreferencePairsSource(CaptionedMediaSource):
+    """``preference-pairs``."""
+
+    model = captioned.PreferencePairsDataset
+
+
+class WebShardsSource(CaptionedMediaSource):
+    """``web-shards``."""
+
+    model = captioned.WebShardsDataset
+
+
+class HfDatasetSource(CaptionedMediaSource):
+    """``hf-dataset``."""
+
+    model = captioned.HfDataset
 
 
 def acquire_prompt_files(config: PromptFilesDataset, out_dir: Path, *, where: str) -> dict[str, Any]:
@@ -72,7 +109,6 @@ def acquire_prompt_files(config: PromptFilesDataset, out_dir: Path, *, where: st
         "sha256": sha256_file(out_dir / PROMPTS_FILE),
         "train_prompts": [r.prompt for r in records],
         "eval_prompts": [],
-        "classifiers": {},
     }
     write_json_atomic(out_dir / "manifest.json", manifest)
     log.info("acquired %d prompts from %s", len(records), config.path)
@@ -80,7 +116,7 @@ def acquire_prompt_files(config: PromptFilesDataset, out_dir: Path, *, where: st
 
 
 def acquire_images(
-    config: CaptionedDataset, out_dir: Path, *, where: str, shard_size: int = SHARD_SIZE
+    config: captioned.CaptionedDataset, out_dir: Path, *, where: str, shard_size: int = SHARD_SIZE
 ) -> dict[str, Any]:
     """Write ``train/`` (and ``eval/``, the held-out split) shards of the good items and ``manifest.json``,
     which counts the bad ones per kind.
@@ -112,7 +148,6 @@ def acquire_images(
             "shards": {name: m["shards"] for name, m in shards.items()},
             "train_prompts": shards["train"]["prompts"],
             "eval_prompts": [{"prompt": p} for p in held_out_prompts if p not in trained],
-            "classifiers": {},
         }
         write_json_atomic(out_dir / "manifest.json", manifest)
     log.info("acquired %s: %s", manifest["path"], manifest["counts"])
@@ -131,58 +166,3 @@ def _removed_on_failure(out_dir: Path, parts: list[str]) -> Iterator[None]:
         if not existed:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
-
-
-def acquire_digits(config: DigitsDataset, out_dir: Path, *, smoke: bool = False) -> dict[str, Any]:
-    """Write ``train/`` and ``test/`` shards, ``assets/`` classifiers and ``manifest.json``.
-
-    Train records pair each train image with every training template; test records pair each
-    held-out image with every held-out template (evaluation only).
-    """
-    split = load_digits_split(
-        image_size=config.image_size,
-        test_fraction=config.test_fraction,
-        split_seed=config.split_seed,
-    )
-    shards = {
-        "train": write_shards(
-            demonstrations(split.train_images, split.train_labels, TRAIN_TEMPLATES, prefix="train"),
-            out_dir / "train",
-        ),
-        "test": write_shards(
-            demonstrations(split.test_images, split.test_labels, EVAL_TEMPLATES, prefix="test"),
-            out_dir / "test",
-        ),
-    }
-    for name, manifest in shards.items():
-        write_json_atomic(out_dir / name / "manifest.json", manifest)
-
-    train_x, train_y = torch.from_numpy(split.train_images), torch.from_numpy(split.train_labels)
-    test_x, test_y = torch.from_numpy(split.test_images), torch.from_numpy(split.test_labels)
-    classifiers = {}
-    for spec in (REWARD_CLASSIFIER, JUDGE_CLASSIFIER):
-        model = train_classifier(train_x, train_y, width=spec.width, seed=spec.seed, epochs=3 if smoke else 30)
-        held_out = accuracy(model, test_x, test_y)
-        if not smoke and held_out < MIN_ACCURACY:
-            raise RuntimeError(f"classifier {spec.name} reached {held_out:.4f} < {MIN_ACCURACY} held-out accuracy")
-        save_classifier(model, out_dir / "assets", spec.name)
-        classifiers[spec.name] = {
-            "role": "reward" if spec is REWARD_CLASSIFIER else "judge",
-            "accuracy": held_out,
-        }
-        log.info("classifier %s: held-out accuracy %.4f", spec.name, held_out)
-
-    manifest = {
-        "source": config.source,
-        "image_size": config.image_size,
-        "counts": {name: m["count"] for name, m in shards.items()},
-        "shards": {name: m["shards"] for name, m in shards.items()},
-        "train_prompts": shards["train"]["prompts"],
-        "eval_prompts": [
-            {"prompt": caption(template, label), "label": label} for template in EVAL_TEMPLATES for label in range(10)
-        ],
-        "classifiers": classifiers,
-        "smoke": smoke,
-    }
-    write_json_atomic(out_dir / "manifest.json", manifest)
-    return manifest

@@ -1,19 +1,19 @@
 """Which flowpost modules a node's result depends on, found statically from the package's imports.
 
-A module's imports are read with ``ast``: ``import`` and ``from ... import`` anywhere in the file (lazy
-imports inside functions included), relative ones resolved. The registries map names to
-``"module:attribute"`` strings the stage process imports when it runs; they are read from their source
-too, so a scope names the trainer, model family, rewards and metrics a node's config uses, not all of
-them. A plugin the config names (a ``package.module:Class`` path, or an installed package's entry point,
-read from its metadata) adds its module, the modules of its own package it imports and the flowpost modules
-they import; its package is found with ``importlib.util.find_spec`` and read as files. Nothing here imports
-the package it reads.
+A module's imports are read with ``ast``: ``import`` and ``from ... import`` anywhere in the file (lazy imports
+inside functions included), relative ones resolved. The registries map names to ``"module:attribute"`` strings the
+stage process imports when it runs; they are read from their source too, so a scope names the trainer, model family,
+rewards, metrics, dataset source and text encoder a node's config uses, not all of them. A plugin the config names
+(a ``package.module:Class`` path, or an installed package's entry point, read from its metadata) adds its module,
+the modules of its own package it imports and the flowpost modules they import; its package is found with
+``importlib.util.find_spec`` and read as files. Nothing here imports the package it reads.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from importlib import metadata, util
@@ -23,15 +23,19 @@ from typing import Any
 from flowpost.core.plugins import declared, is_path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the flowpost package folder
-LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "numpy", "scikit-learn")  # versions hashed
+REQUIREMENT = re.compile(r"\s*[A-Za-z0-9][A-Za-z0-9._-]*")  # the distribution a requirement names
+LIBRARIES = ("torch", "diffusers", "transformers", "accelerate", "numpy")  # versions hashed
 # registry -> (its module, the name of its ``name -> "module:attribute"`` dict of built-ins)
 REGISTRIES = {
     "trainers": ("flowpost.core.trainers.registry", "TRAINERS"),
     "families": ("flowpost.core.models.registry", "FAMILIES"),
     "rewards": ("flowpost.core.rewards.registry", "REWARDS"),
     "metrics": ("flowpost.core.evaluation.registry", "METRICS"),
+    "datasets": ("flowpost.core.datasets", "DATASETS"),
+    "encoders": ("flowpost.core.models.text_encoders", "ENCODERS"),
 }
-NAMED = {"trainer": ("trainers",), "family": ("families",)}  # config key -> the registry its string value names
+# config key -> the registry its string value names
+NAMED = {"trainer": ("trainers",), "family": ("families",), "source": ("datasets",), "encoder": ("encoders",)}
 # config key -> the registries the ``name`` of its entry (or of each entry of its list) names
 ENTRIES = {"rewards": ("rewards",), "metrics": ("metrics", "rewards"), "metric": ("metrics", "rewards")}
 KEYED = {"bounds": ("metrics", "rewards")}  # config key -> the registries the keys of its mapping name
@@ -199,6 +203,19 @@ class PackageCode:
                     found[f"{registry}:{name}"] = target
         return dict(sorted(found.items()))
 
+    def plugin_libraries(self, config: Any) -> list[str]:
+        """The distributions the extras of the entry points ``config`` names require (``module:Class [extra]``),
+        sorted: their versions are hashed with the plugin's code."""
+        found: set[str] = set()
+        for registries, name in _registered_names(config):
+            for registry in registries:
+                if name in self.registries[registry] or is_path(name):
+                    continue
+                for entry in declared(self.groups[registry]):
+                    if entry.name == name and entry.plugin and entry.extras:
+                        found.update(extra_requirements(entry.plugin, entry.extras))
+        return sorted(found)
+
     def _plugin_module(self, target: str) -> str | None:
         """The module ``target`` imports, its package's sources read; None when it is not installed."""
         module = target.partition(":")[0]
@@ -230,15 +247,15 @@ class PackageCode:
             pending += [parent] if parent in self.graph else []
         return sorted(found)
 
-    def fingerprint(self, modules: Iterable[str], *, plugins: Mapping[str, str]) -> str:
+    def fingerprint(self, modules: Iterable[str], *, plugins: Mapping[str, str], libraries: Iterable[str] = ()) -> str:
         """Hash of ``modules``' names and sources, the ``plugins`` names resolve to (``plugins()``), and the versions
-        of the numeric libraries they run on."""
+        of the numeric libraries they run on and of the plugins' ``libraries`` (``plugin_libraries()``)."""
         digest = hashlib.sha256()
         for module in sorted(modules):
             digest.update(f"{module}\0{self._digest(module)}\n".encode())
         for name, target in sorted(plugins.items()):
             digest.update(f"{name}={target}\n".encode())
-        for dist in LIBRARIES:
+        for dist in (*LIBRARIES, *libraries):
             digest.update(f"{dist}=={library_version(dist)}\n".encode())
         return digest.hexdigest()
 
@@ -246,6 +263,21 @@ class PackageCode:
         if module not in self._digests:
             self._digests[module] = hashlib.sha256(self.paths[module].read_bytes()).hexdigest()
         return self._digests[module]
+
+
+def extra_requirements(dist: str, extras: Iterable[str]) -> list[str]:
+    """The distributions the ``extras`` of the installed distribution ``dist`` require, from its metadata."""
+    try:
+        requirements = metadata.requires(dist) or []
+    except metadata.PackageNotFoundError:
+        return []
+    markers = {f'extra == "{extra}"' for extra in extras}
+    found = []
+    for requirement in requirements:
+        spec, _, marker = requirement.partition(";")
+        if any(wanted in marker.replace("'", '"') for wanted in markers) and (name := REQUIREMENT.match(spec)):
+            found.append(name.group(0))
+    return found
 
 
 def library_version(dist: str) -> str:

@@ -51,7 +51,7 @@ def cache_conditions(
 
 
 def condition_encoder(config: ConditionsConfig) -> ConditionEncoder:
-    """MiniLM (``encoder``), or the text encoders of the family's pipeline (``model``)."""
+    """The registered ``encoder``, or the text encoders of the family's pipeline (``model``)."""
     if config.model is None:
         return build_encoder(config.encoder, max_length=config.max_length)
     model = config.model

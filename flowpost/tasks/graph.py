@@ -221,7 +221,11 @@ def code_fingerprint(node: Node, package: PackageCode | None = None) -> str:
     """Hash of the sources of ``node``'s code scope, the classes its plugin names resolve to, and the versions of
     the numeric libraries they run on."""
     package = package or installed_code()
-    return package.fingerprint(code_scope(node, package), plugins=package.plugins(node.config))
+    return package.fingerprint(
+        code_scope(node, package),
+        plugins=package.plugins(node.config),
+        libraries=package.plugin_libraries(node.config),
+    )
 
 
 def reads_promoted(node: Node) -> bool:

@@ -327,7 +327,7 @@ def _acquire(call: NodeCall) -> dict[str, Any]:
         )
     else:
         manifest = acquire_dataset(dataset, call.out, smoke=p.smoke, where=f"datasets.{key}")
-    return {"counts": manifest["counts"], "classifiers": manifest["classifiers"]}
+    return {key: manifest[key] for key in ("counts", "assets") if key in manifest}
 
 
 def _conditions(call: NodeCall) -> dict[str, Any]:

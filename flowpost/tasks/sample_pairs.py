@@ -98,7 +98,6 @@ def sample_pairs(
         "shards": {"train": shards["shards"]},
         "train_prompts": shards["prompts"],
         "eval_prompts": [],
-        "classifiers": {},
         "smoke": smoke,
     }
     write_json_atomic(out_dir / "manifest.json", manifest)

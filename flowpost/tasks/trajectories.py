@@ -98,7 +98,6 @@ def acquire_trajectories(
         "shards": {"train": shards["shards"]},
         "train_prompts": shards["prompts"],
         "eval_prompts": [],
-        "classifiers": {},
         "trajectory": trajectory,
         "smoke": smoke,
     }

@@ -12,9 +12,11 @@ from cli_main import flowpost_main
 from plugin_site import on_path, write_distribution
 
 from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.datasets import DATASET_REGISTRY
 from flowpost.core.evaluation.registry import METRIC_REGISTRY, build_metric
 from flowpost.core.evaluation.reward_metric import RewardMetric
 from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
+from flowpost.core.models.text_encoders import ENCODER_REGISTRY
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
 from flowpost.core.registries import registry
 from flowpost.core.rewards.registry import REWARD_REGISTRY, build_reward
@@ -125,11 +127,46 @@ def pipeline(tiny_pipeline) -> Callable[..., dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "registered", [TRAINER_REGISTRY, FAMILY_REGISTRY, REWARD_REGISTRY, METRIC_REGISTRY], ids=lambda r: r.plural
+    "registered",
+    [TRAINER_REGISTRY, FAMILY_REGISTRY, REWARD_REGISTRY, METRIC_REGISTRY, DATASET_REGISTRY],
+    ids=lambda r: r.plural,
 )
 def test_every_built_in_passes_the_check_a_plugin_gets(registered) -> None:
     classes = [registered.load(name, where="test") for name in registered.builtins]
     assert all(registered.mismatch(cls) is None for cls in classes)
+
+
+def test_the_digits_entry_points_of_flowpost_pass_the_check_a_plugin_gets() -> None:
+    found = {}
+    for registered in (DATASET_REGISTRY, ENCODER_REGISTRY, REWARD_REGISTRY, METRIC_REGISTRY):
+        for entry in registered.entries(where="test").values():
+            if entry.plugin == "flowpost":
+                assert entry.extras == ("digits",) and registered.problem(entry.name, where="test") is None
+                found[entry.name] = entry.target.partition(":")[0]
+    assert found == {
+        "builtin-digits": "flowpost_digits.source",
+        "minilm": "flowpost_digits.encoder",
+        "digit_adherence": "flowpost_digits.reward",
+        "adherence": "flowpost_digits.judge",
+        "fd": "flowpost_digits.judge",
+    }
+
+
+def test_an_entry_point_whose_extra_is_missing_says_which_to_install(tmp_path: Path, monkeypatch) -> None:
+    site = tmp_path / "site"
+    (site / "fancy_scores").mkdir(parents=True)
+    (site / "fancy_scores" / "__init__.py").write_text("import fancy_library_not_installed\n")
+    points = {"sharp": "fancy_scores:Sharp [fancy]", "plain": "fancy_scores:Sharp"}
+    write_distribution(site, "fancy-scores", {"flowpost.metrics": points})
+    with on_path(site, monkeypatch):
+        with pytest.raises(FlowpostError) as info:
+            build_metric("sharp", options={}, where="evaluate.metrics.0", assets_dir=None)
+        assert str(info.value) == (
+            "evaluate.metrics.0: metric 'sharp' comes with the fancy extra of fancy-scores, which is not installed "
+            "(No module named 'fancy_library_not_installed'); pip install 'fancy-scores[fancy]'"
+        )
+        with pytest.raises(FlowpostError, match="importing 'fancy_scores' failed .ModuleNotFoundError"):
+            build_metric("plain", options={}, where="evaluate.metrics.0", assets_dir=None)  # no extra named
 
 
 def test_entry_points_register_a_trainer_a_family_a_reward_and_a_metric(site: Path, pipeline) -> None:
@@ -236,15 +273,15 @@ def test_a_reward_without_a_name_is_refused_when_built(site: Path) -> None:
 
 
 def test_an_entry_point_reusing_a_built_in_name_is_an_error_naming_both(tmp_path: Path, monkeypatch, pipeline) -> None:
-    points = {"flowpost.rewards": {"digit_adherence": "my_algos.scores:Darkness"}}
+    points = {"flowpost.rewards": {"jpeg_compressibility": "my_algos.scores:Darkness"}}
     with on_path(_install(tmp_path / "site", points), monkeypatch):
         with pytest.raises(FlowpostError) as info:
             validate_pipeline(pipeline())
         listed = flowpost_main("list", "rewards")
     expected = (
-        "package 'my-algos' declares reward 'digit_adherence' (my_algos.scores:Darkness) in entry point group "
-        "flowpost.rewards, and flowpost's built-in reward 'digit_adherence' "
-        "(flowpost.core.rewards.digit_adherence:DigitAdherence) has that name; rename the entry point"
+        "package 'my-algos' declares reward 'jpeg_compressibility' (my_algos.scores:Darkness) in entry point group "
+        "flowpost.rewards, and flowpost's built-in reward 'jpeg_compressibility' "
+        "(flowpost.core.rewards.jpeg:JpegCompressibility) has that name; rename the entry point"
     )
     assert expected in str(info.value) and "stages.grpo.rewards.0.name" in str(info.value)
     assert listed.code == 1 and expected in listed.stderr and "flowpost list" in listed.stderr

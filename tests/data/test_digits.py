@@ -3,14 +3,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flowpost.data.digits import (
+from flowpost.data.records import Demonstration
+from flowpost_digits.data import (
     EVAL_TEMPLATES,
     TRAIN_TEMPLATES,
     caption,
     demonstrations,
     load_digits_split,
 )
-from flowpost.data.records import Demonstration
 
 
 def test_split_is_deterministic_with_expected_shapes_and_range() -> None:

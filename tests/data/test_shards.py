@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from flowpost.core.io import sha256_file
-from flowpost.data.digits import TRAIN_TEMPLATES, demonstrations, load_digits_split
 from flowpost.data.records import Demonstration
 from flowpost.data.shards import read_shards, write_shards
 from flowpost.errors import FlowpostError
+from flowpost_digits.data import TRAIN_TEMPLATES, demonstrations, load_digits_split
 
 
 @pytest.fixture(scope="module")

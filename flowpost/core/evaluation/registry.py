@@ -16,11 +16,9 @@ if TYPE_CHECKING:
     from flowpost.core.evaluation.samples import Better, Metric
 
 METRICS: dict[str, str] = {
-    "adherence": "flowpost.core.evaluation.digit_judge:DigitJudgeAdherence",
     "brightness": "flowpost.core.evaluation.image_metrics:Brightness",
     "dark_fraction": "flowpost.core.evaluation.image_metrics:DarkFraction",
     "duplicate_rate": "flowpost.core.evaluation.image_metrics:DuplicateRate",
-    "fd": "flowpost.core.evaluation.digit_judge:DigitJudgeFrechet",
     "fd_clip": "flowpost.core.evaluation.feature_frechet:ClipFrechet",
     "fd_dinov2": "flowpost.core.evaluation.feature_frechet:Dinov2Frechet",
     "high_frequency": "flowpost.core.evaluation.image_metrics:HighFrequencyEnergy",
@@ -33,7 +31,7 @@ METRIC_REGISTRY = Registry(
     builtins=METRICS,
     base="flowpost.core.evaluation.samples:Metric",
 )
-ASSETS = "assets_dir"  # the option a digits-classifier metric or reward gets from the evaluation dataset
+ASSETS = "assets_dir"  # the option a metric or reward reading its dataset's assets/ gets from the evaluation dataset
 
 
 def metric_entries(*, where: str) -> dict[str, Entry]:
@@ -91,15 +89,15 @@ def metric_direction(name: str, *, where: str) -> Better | None:
 
 def build_metric(name: str, *, options: dict[str, Any], where: str, assets_dir: Path | None) -> Metric:
     """The metric ``name`` stands for (a reward becomes the mean of its scores), constructed with ``options``;
-    one that reads the digit classifiers gets ``assets_dir`` unless its options name one."""
+    one that takes ``assets_dir`` gets the evaluation dataset's ``assets/`` unless its options name one."""
     from flowpost.core.evaluation.reward_metric import RewardMetric
 
     options = dict(options)
     if ASSETS in metric_parameters(name, where=where) and ASSETS not in options:
         if assets_dir is None:
             raise FlowpostError(
-                f"metric {name!r} reads the digit classifiers of a builtin-digits dataset; set evaluate.dataset "
-                "to one, or give options.assets_dir",
+                f"metric {name!r} reads the assets its dataset's acquisition writes; set evaluate.dataset to a "
+                "dataset of the source it belongs to, or give options.assets_dir",
                 where=where,
             )
         options[ASSETS] = assets_dir

@@ -69,7 +69,7 @@ class ModelAdapter(ABC):
     def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> ConditionEncoder:
         """This family's own text encoders from a diffusers pipeline, as the conditions node runs them."""
         raise FlowpostError(
-            f"family {cls.family!r} has no text encoders of its own; use encoder: minilm",
+            f"family {cls.family!r} has no text encoders of its own; use a registered encoder (encoder: minilm)",
             where="conditions.*.model.family",
         )
 

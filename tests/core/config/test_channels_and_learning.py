@@ -69,7 +69,9 @@ def test_the_digits_for_an_rgb_vae_are_refused_before_anything_runs(
     config["conditions"]["own"] = {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["digits"]}
     config["stages"]["sft"]["data"]["conditions"] = "own"
     message = _refused(config)
-    assert "stages.sft.data.dataset: 'digits' holds grayscale digits (1 channel), and stage 'sft'" in message, message
+    assert "stages.sft.data.dataset: 'digits' (builtin-digits) holds 1-channel images, and stage 'sft'" in message, (
+        message
+    )
     assert f"the VAE of family {family!r} ({folder / 'vae'}: in_channels 3)" in message, message
     assert message.endswith("train on an image dataset with preprocess.mode: rgb"), message
 
@@ -94,7 +96,7 @@ def test_the_digits_for_a_three_channel_tiny_transformer_name_the_stages_dataset
     config = tiny_pipeline()
     config["stages"]["sft"]["model"]["transformer"].update(in_channels=3, out_channels=3)
     message = _refused(config)
-    assert "stages.sft.data.dataset: 'digits' holds grayscale digits (1 channel)" in message, message
+    assert "stages.sft.data.dataset: 'digits' (builtin-digits) holds 1-channel images" in message, message
     assert "(in_channels 3, in pixel space); train on an image dataset with preprocess.mode: rgb" in message
 
 
@@ -105,7 +107,7 @@ def test_a_stage_starting_from_another_is_checked_against_that_stages_network(ti
     config["stages"]["more"] = {**config["stages"]["sft"], "model": {"family": "tiny-sd3", "init": "sft"}}
     config["stages"]["more"]["data"] = {"dataset": "digits", "conditions": "minilm"}  # one channel: not sft's three
     message = _refused(config)
-    assert "stages.more.data.dataset: 'digits' holds grayscale digits (1 channel), and stage 'more'" in message
+    assert "stages.more.data.dataset: 'digits' (builtin-digits) holds 1-channel images, and stage 'more'" in message
     assert "the transformer of family 'tiny-sd3' (in_channels 3, in pixel space)" in message, message
 
 

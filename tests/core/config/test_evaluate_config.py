@@ -62,7 +62,8 @@ def test_bad_seeds_and_metric_lists_name_the_path(override: str, problem: str) -
 
 def test_digit_classifier_metrics_need_a_digits_dataset() -> None:
     message = _error(["evaluate.after=[sft]", "evaluate.metrics=[brightness, adherence]"], FOLDER_SFT)
-    assert "evaluate.metrics.1: 'adherence' reads the digit classifiers of a builtin-digits dataset" in message
+    assert "evaluate.metrics.1: 'adherence' reads the assets its dataset's acquisition writes (assets_dir)" in message
+    assert "the source of evaluate.dataset 'shapes' writes none" in message
 
 
 def test_an_image_dataset_needs_metrics_and_a_held_out_split() -> None:

@@ -14,7 +14,6 @@ from flowpost.core.config.schema import (
     CompileConfig,
     ConditionsConfig,
     DataRef,
-    DigitsDataset,
     EvaluateConfig,
     ExportConfig,
     MetricConfig,
@@ -25,6 +24,7 @@ from flowpost.core.config.schema import (
 )
 from flowpost.core.trainers.optimizers import OptimizerConfig
 from flowpost.core.trainers.rl.grpo import GRPOArguments
+from flowpost_digits.config import DigitsDataset
 
 PRETRAINED = {"pretrained", "revision", "variant", "torch_dtype", "components"}
 DIGITS_FIELDS = {"source", "path", "split_seed", "image_size", "test_fraction"}

@@ -9,7 +9,8 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.nn import functional as F
 
-from flowpost.core.evaluation.classifier import (
+from flowpost.errors import FlowpostError
+from flowpost_digits.classifier import (
     JUDGE_CLASSIFIER,
     REWARD_CLASSIFIER,
     ClassifierSpec,
@@ -19,7 +20,6 @@ from flowpost.core.evaluation.classifier import (
     save_classifier,
     train_classifier,
 )
-from flowpost.errors import FlowpostError
 
 Split = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 

@@ -11,13 +11,13 @@ import safetensors.torch
 import torch
 from PIL import Image
 
-from flowpost.core.evaluation.classifier import JUDGE_CLASSIFIER, REWARD_CLASSIFIER, DigitClassifier, save_classifier
 from flowpost.core.evaluation.frechet import frechet_distance
 from flowpost.core.evaluation.registry import METRICS, build_metric
 from flowpost.core.evaluation.samples import EvalSamples
 from flowpost.core.registries import registry
 from flowpost.core.rewards.registry import REWARDS
 from flowpost.errors import FlowpostError
+from flowpost_digits.classifier import JUDGE_CLASSIFIER, REWARD_CLASSIFIER, DigitClassifier, save_classifier
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,8 @@ def _digits(n: int, seed: int = 0) -> EvalSamples:
 
 
 def test_every_reward_and_metric_is_a_metric_name() -> None:
-    assert list(registry("metrics")) == sorted({*METRICS, *REWARDS})  # what `flowpost list metrics` prints
+    digits = {"adherence", "fd", "digit_adherence"}  # the entry points of the digits extra
+    assert list(registry("metrics")) == sorted({*METRICS, *REWARDS, *digits})  # what `flowpost list metrics` prints
     assert not set(METRICS) & set(REWARDS)
 
 
@@ -81,7 +82,8 @@ def test_a_jpeg_reward_as_a_metric_is_the_mean_pil_jpeg_size() -> None:
 
 
 def test_a_classifier_metric_without_digits_assets_says_what_to_do() -> None:
-    with pytest.raises(FlowpostError, match=r"^evaluate\.metrics\.3: metric 'fd' reads the digit classifiers"):
+    expected = r"^evaluate\.metrics\.3: metric 'fd' reads the assets its dataset's acquisition writes"
+    with pytest.raises(FlowpostError, match=expected):
         build_metric("fd", options={}, where="evaluate.metrics.3", assets_dir=None)
 
 

@@ -7,8 +7,9 @@ import pytest
 from image_samples import png_bytes
 from PIL import Image
 
-from flowpost.core.config.schema import DigitsDataset, ImageFolderDataset, PreprocessConfig
+from flowpost.core.config.schema import ImageFolderDataset, PreprocessConfig
 from flowpost.data.preprocess import training_image
+from flowpost_digits.config import DigitsDataset
 
 
 def _gradient() -> bytes:

@@ -13,7 +13,6 @@ from flowpost.core.config.schema.captioned import (
 from flowpost.core.config.schema.dataset_base import SOURCES, DatasetBase, StoredDataset
 from flowpost.core.config.schema.datasets import (
     DatasetConfig,
-    DigitsDataset,
     PromptFilesDataset,
     SampledDataset,
     SampledPairsDataset,
@@ -59,7 +58,6 @@ __all__ = [
     "DataRef",
     "DatasetBase",
     "DatasetConfig",
-    "DigitsDataset",
     "EMAConfig",
     "EncoderModelConfig",
     "EvaluateConfig",

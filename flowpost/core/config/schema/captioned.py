@@ -25,6 +25,14 @@ class CaptionedDataset(StoredDataset):
     max_caption_chars: int | None = Field(None, ge=1, description="longer captions are bad items; default: no limit")
     max_bad_fraction: float = Field(0.05, ge=0, le=1, description="more bad items than this fails the node")
 
+    def image_channels(self) -> int:
+        """1 for ``preprocess.mode: grayscale``, else 3."""
+        return 1 if self.preprocess.mode == "grayscale" else 3
+
+    def holds_out(self) -> bool:
+        """Whether ``split.eval`` holds items out."""
+        return self.split.eval > 0
+
 
 class FileDataset(CaptionedDataset):
     """Captioned media in a file or folder at ``path`` (relative to the working directory; what it reads is a

@@ -20,9 +20,13 @@ DUMP_ORDER = (
 
 class DatasetBase(StrictModel):
     """One dataset source's fields. A concrete model fixes ``source`` to its name (and registers under it);
-    ``READS_PATH`` says whether it reads ``path``."""
+    ``READS_PATH`` says whether it reads ``path``, ``WRITES_ASSETS`` whether its acquisition writes the
+    ``assets/`` a metric or reward taking ``assets_dir`` reads, and ``DEFAULT_METRICS`` what ``evaluate.metrics``
+    is when unset and the pipeline evaluates on it."""
 
     READS_PATH: ClassVar[bool] = False
+    WRITES_ASSETS: ClassVar[bool] = False
+    DEFAULT_METRICS: ClassVar[tuple[str | dict[str, Any], ...]] = ()
 
     source: str
 
@@ -32,6 +36,14 @@ class DatasetBase(StrictModel):
         name = cls.model_fields["source"].default
         if isinstance(name, str):
             SOURCES[name] = cls
+
+    def image_channels(self) -> int | None:
+        """The channels of the images it acquires; None when it acquires none."""
+        return None
+
+    def holds_out(self) -> bool:
+        """Whether its acquisition holds prompts (and their images) out for evaluation."""
+        return False
 
     @model_serializer(mode="wrap")
     def _in_dump_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

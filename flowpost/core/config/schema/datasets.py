@@ -1,24 +1,17 @@
 """How a dataset is acquired: one model per ``source``, holding the fields that source reads, and
-``DatasetConfig``, their union, which picks the model by ``source``."""
+``DatasetConfig``, which picks the model by ``source``: a built-in's, or the one a plugin source carries."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import Field, WrapValidator
+from pydantic import Field, SerializeAsAny, WrapValidator
 
-from flowpost.core.config.schema import captioned
 from flowpost.core.config.schema.dataset_base import SOURCES, DatasetBase, StoredDataset
 from flowpost.core.config.schema.names import unknown
 from flowpost.core.config.schema.sampled import SampledPairsConfig, TrajectoriesConfig
-
-
-class DigitsDataset(StoredDataset):
-    """The built-in digits (scikit-learn's 8x8), upscaled to ``image_size``, with the digit classifiers."""
-
-    source: Literal["builtin-digits"] = "builtin-digits"
-    image_size: int = Field(16, ge=8, le=64, multiple_of=4)
-    test_fraction: float = Field(0.2, gt=0, lt=1)
+from flowpost.core.plugins import is_path
+from flowpost.errors import FlowpostError
 
 
 class PromptFilesDataset(StoredDataset):
@@ -64,28 +57,39 @@ class SampledPairsDataset(SampledDataset):
 
 
 def dataset_config(data: Any) -> DatasetConfig:
-    """The model of ``data``'s ``source``, validated; its errors name the dataset's fields, never the source."""
+    """The model of ``data``'s ``source``, validated; its errors name the dataset's fields, never the source. A
+    source no built-in model has is looked up among the plugin sources (entry point group ``flowpost.datasets``)."""
     if isinstance(data, DatasetBase):
         return cast("DatasetConfig", data)
     if not isinstance(data, dict) or "source" not in data:
-        raise ValueError(f"give a mapping with a source: one of {', '.join(sorted(SOURCES))}")
-    model = SOURCES.get(data["source"]) if isinstance(data["source"], str) else None
+        raise ValueError(f"give a mapping with a source: one of {', '.join(_source_names())}")
+    name = data["source"]
+    model = SOURCES.get(name) if isinstance(name, str) else None
+    if model is None and isinstance(name, str) and not is_path(name):
+        model = _plugin_model(name)
     if model is None:
-        raise ValueError(unknown("source", data["source"], SOURCES))
+        raise ValueError(unknown("source", name, _source_names()))
     return cast("DatasetConfig", model.model_validate(data))
 
 
-DatasetConfig = Annotated[
-    DigitsDataset
-    | PromptFilesDataset
-    | captioned.ImageFolderDataset
-    | captioned.TableDataset
-    | captioned.VideoFolderDataset
-    | captioned.PreferencePairsDataset
-    | captioned.WebShardsDataset
-    | captioned.HfDataset
-    | TrajectoriesDataset
-    | SampledPairsDataset,
-    Field(discriminator="source"),  # serialises (and describes) each dataset by its own model
-    WrapValidator(lambda data, _: dataset_config(data)),
-]
+def _plugin_model(name: str) -> type[DatasetBase] | None:
+    """The model of the plugin source ``name``; None when no installed package declares it."""
+    from flowpost.core.datasets import DATASET_REGISTRY, source_model
+
+    if name not in DATASET_REGISTRY.entries(where="datasets"):
+        return None
+    try:
+        return source_model(name, where="datasets")
+    except FlowpostError as exc:
+        raise ValueError(str(exc).removeprefix("datasets: ")) from None
+
+
+def _source_names() -> list[str]:
+    """The sources of the built-in models and of the installed plugins."""
+    from flowpost.core.datasets import DATASET_REGISTRY
+
+    return sorted({*SOURCES, *DATASET_REGISTRY.entries(where="datasets")})
+
+
+# each dataset is serialised by its own model, a plugin's too
+DatasetConfig = Annotated[SerializeAsAny[DatasetBase], WrapValidator(lambda data, _: dataset_config(data))]

@@ -13,7 +13,6 @@ from flowpost.core.evaluation.samples import Better
 # what an evaluation's metrics.json holds besides the metrics
 RESULT_FIELDS = """trained_reward reward_judge_gap intervals per_seed metrics headline n_samples samples_per_seed
 weights seed eval_seed eval_seeds smoke steps guidance stage step grid curve""".split()
-DIGITS_METRICS = ("adherence", {"name": "digit_adherence", "key": "reward_mean"}, "fd")  # judge, reward, judge FD
 REFERENCE_METRICS = ("fd", "fd_clip", "fd_dinov2")  # compare the samples with held-out real images
 
 
@@ -106,8 +105,8 @@ class EvaluateConfig(OmittingModel):
     conditions: str | None = Field(None, description="condition cache of the prompts; default: first one")
     metrics: list[MetricConfig] | None = Field(
         None,
-        description="registered metrics or rewards; the first is the headline (judge). Default for a builtin-digits "
-        "dataset: adherence, digit_adherence (as reward_mean), fd",
+        description="registered metrics or rewards; the first is the headline (judge). Default: the metrics the "
+        "dataset's source names, if it names any",
     )
     samples: int = Field(500, ge=2, description="per seed; at least 2: a Frechet distance needs a covariance")
     steps: int = Field(20, ge=1)

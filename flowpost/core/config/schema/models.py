@@ -46,13 +46,13 @@ class EncoderModelConfig(PretrainedOptions):
 
 
 class ConditionsConfig(OmittingModel):
-    """Which encoder caches the prompts of which datasets: ``encoder`` (MiniLM, the tiny family's) or
-    ``model`` (a real family's own text encoders); ``max_length`` is the (T5) token length. Its params hold
-    one of the two, so MiniLM caches keep their params."""
+    """Which encoder caches the prompts of which datasets: a registered ``encoder`` (the tiny family's
+    ``minilm``, of the digits extra) or ``model`` (a real family's own text encoders); ``max_length`` is the (T5)
+    token length. Its params hold one of the two, so encoder caches keep their params."""
 
     OMITTED_AT_DEFAULT = ("model",)
 
-    encoder: Literal["minilm"] = "minilm"
+    encoder: str = Field("minilm", description="a registered text encoder (entry point group flowpost.encoders)")
     model: EncoderModelConfig | None = None
     datasets: list[str] = Field(min_length=1)
     max_length: int = Field(16, ge=4, le=512)

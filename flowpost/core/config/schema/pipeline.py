@@ -8,12 +8,11 @@ from flowpost.core.config.base import OmittingModel
 from flowpost.core.config.schema.captioned import CaptionedDataset
 from flowpost.core.config.schema.datasets import (
     DatasetConfig,
-    DigitsDataset,
     PromptFilesDataset,
     SampledDataset,
     TrajectoriesDataset,
 )
-from flowpost.core.config.schema.evaluation import DIGITS_METRICS, REFERENCE_METRICS, EvaluateConfig, MetricConfig
+from flowpost.core.config.schema.evaluation import REFERENCE_METRICS, EvaluateConfig, MetricConfig
 from flowpost.core.config.schema.export import ExportConfig
 from flowpost.core.config.schema.models import ConditionsConfig, LatentsConfig
 from flowpost.core.config.schema.names import INIT_KEYWORDS, Key, Name, unknown
@@ -104,9 +103,10 @@ class PipelineConfig(OmittingModel):
         return errors
 
     def _held_out_problems(self, dataset: DatasetConfig) -> Problems:
-        """Fills the digits metrics in for a digits dataset; other datasets need metrics and held-out prompts."""
-        if self.evaluate.metrics is None and isinstance(dataset, DigitsDataset):
-            self.evaluate.metrics = [MetricConfig.model_validate(m) for m in DIGITS_METRICS]
+        """Fills the metrics in that the dataset's source defaults to; without those, it needs metrics, and
+        held-out prompts."""
+        if self.evaluate.metrics is None and dataset.DEFAULT_METRICS:
+            self.evaluate.metrics = [MetricConfig.model_validate(m) for m in dataset.DEFAULT_METRICS]
         if not self.evaluate.after:
             return []
         name = self.evaluate.dataset

@@ -36,9 +36,7 @@ class SampledPairsConfig(StrictModel):
     prompts: str = Field(description="the dataset whose training prompts (and labels) are sampled")
     conditions: str = Field(description="the condition cache that encodes those prompts")
     rewards: list[RewardConfig] = Field(
-        default_factory=lambda: [RewardConfig(name="digit_adherence")],
-        min_length=1,
-        description="the weighted reward that ranks the candidates",
+        min_length=1, description="the weighted reward that ranks the candidates, e.g. [{name: digit_adherence}]"
     )
     weights: Literal["ema", "live"] = Field("ema", description="which weights of the stage; ema falls back to live")
     candidates: int = Field(8, ge=2, description="samples per prompt and round; the best and the worst form a pair")

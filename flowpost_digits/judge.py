@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from flowpost.core.evaluation.classifier import JUDGE_CLASSIFIER, load_classifier
 from flowpost.core.evaluation.frechet import frechet_distance
 from flowpost.core.evaluation.samples import EvalSamples
-from flowpost.core.rewards.labels import digit_label
 from flowpost.errors import FlowpostError
+from flowpost_digits.classifier import JUDGE_CLASSIFIER, load_classifier
+from flowpost_digits.labels import digit_label
 
 
 def _labels(samples: EvalSamples, metric: str) -> Tensor:

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowpost.core.evaluation.classifier import REWARD_CLASSIFIER, load_classifier
-from flowpost.core.rewards.labels import digit_label
 from flowpost.errors import FlowpostError
+from flowpost_digits.classifier import REWARD_CLASSIFIER, load_classifier
+from flowpost_digits.labels import digit_label
 
 
 @torch.no_grad()
