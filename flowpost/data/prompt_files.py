@@ -5,8 +5,9 @@ line is a prompt, ``#`` included); the other formats hold a ``prompt`` field or 
 field becomes the record's metadata. Files are read line by line as UTF-8 (a byte-order mark is
 dropped); control characters other than tab and line breaks are removed from prompts and counted.
 A ``label`` is the digit 0-9 ``digit_adherence`` scores (decimal text in a CSV cell is read as its
-integer); anything else is refused. A folder contributes its files in name order,
-subfolders included; a prompt seen twice must carry the same metadata both times.
+integer); anything else is refused. A row with ``include`` (or ``exclude``) holds GenEval's checks, read
+as ``geneval`` reads them (``tag``, ``include``, ``exclude``): a malformed one is refused. A folder
+contributes its files in name order, subfolders included; a prompt seen twice must carry the same metadata both times.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from flowpost.core.rewards.geneval_metadata import parse_geneval
 from flowpost.core.rewards.labels import digit_label
 from flowpost.data.file_hashes import files_fingerprint
 from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
@@ -80,8 +82,8 @@ def read_prompt_files(path: str | Path, *, where: str) -> PromptSet:
 
 
 def _record(row: PromptRow) -> tuple[PromptRecord, int]:
-    """The row as a record (a non-empty prompt without control characters, and a ``label``, when given, read
-    as a digit) and the count of control characters removed."""
+    """The row as a record (a non-empty prompt without control characters, a ``label``, when given, read as a
+    digit, and GenEval checks, when given, well formed) and the count of control characters removed."""
     metadata = dict(row.fields)
     if "prompt" not in metadata:
         fields = ", ".join(map(str, metadata)) or "none"
@@ -101,6 +103,15 @@ def _record(row: PromptRow) -> tuple[PromptRecord, int]:
             raise FlowpostError(
                 f"{exc}; 'label' is the digit digit_adherence scores: fix it, or rename the field if it means "
                 "something else",
+                where=row.where,
+            ) from None
+    if "include" in metadata or "exclude" in metadata:
+        try:
+            parse_geneval(metadata)
+        except ValueError as exc:
+            raise FlowpostError(
+                f"{exc}; 'include' and 'exclude' hold GenEval's checks (its evaluation_metadata.jsonl rows): fix "
+                "them, or rename the fields if they mean something else",
                 where=row.where,
             ) from None
     return PromptRecord(prompt.strip(), metadata), removed

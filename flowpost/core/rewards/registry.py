@@ -14,6 +14,7 @@ REWARDS: dict[str, str] = {
     "aesthetic": "flowpost.core.rewards.aesthetic:AestheticScore",
     "clip_score": "flowpost.core.rewards.clip:ClipScore",
     "digit_adherence": "flowpost.core.rewards.digit_adherence:DigitAdherence",
+    "geneval": "flowpost.core.rewards.geneval:GenevalReward",
     "hpsv2": "flowpost.core.rewards.hps:HpsV2",
     "imagereward": "flowpost.core.rewards.imagereward:ImageReward",
     "jpeg_compressibility": "flowpost.core.rewards.jpeg:JpegCompressibility",
