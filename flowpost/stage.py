@@ -218,8 +218,8 @@ def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInp
     components = []
     for i, config in enumerate(configs):
         where = f"stages.{spec.stage}.rewards.{i}"
-        fields = metadata_fields(REWARD_REGISTRY.load(config.name, where=f"{where}.name"))
-        check_metadata_fields(config.name, fields, inputs.prompts, dataset=_prompt_dataset(spec), where=where)
+        if fields := metadata_fields(REWARD_REGISTRY.load(config.name, where=f"{where}.name")):
+            check_metadata_fields(config.name, fields, inputs.prompts, dataset=_prompt_dataset(spec), where=where)
         options = dict(config.options)
         if inputs.assets_dir is not None and "assets_dir" in reward_parameters(config.name, where=where):
             options.setdefault("assets_dir", inputs.assets_dir)
