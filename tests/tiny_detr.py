@@ -12,9 +12,17 @@ LABELS = ("N/A", "person", "cat", "dog", "car", "mouse", "cup")  # COCO's names,
 QUERIES = 6
 
 
-def build_tiny_detr(folder: Path, *, sure: tuple[str, tuple[float, float, float, float]] | None = None) -> Path:
+def build_tiny_detr(
+    folder: Path,
+    *,
+    sure: tuple[str, tuple[float, float, float, float]] | None = None,
+    gain: float | None = None,
+    level: float = 0.0,
+) -> Path:
     """Write the detector and processor to ``folder`` (seeded). With ``sure = (label, (cx, cy, w, h))`` every
-    query predicts ``label`` with probability near 1 at that box (relative centre and size)."""
+    query predicts ``label`` at that box (relative centre and size): with probability near 1, or, with
+    ``gain``, with logit ``gain * (x - level)`` against the no-object class, ``x`` the label's random
+    projection of the decoder's output, so that some images show the object and others do not."""
     from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig
 
     backbone = ResNetConfig(
@@ -41,9 +49,16 @@ def build_tiny_detr(folder: Path, *, sure: tuple[str, tuple[float, float, float,
         label, box = sure
         with torch.no_grad():
             classifier, last = model.class_labels_classifier, model.bbox_predictor.layers[-1]
+            index = LABELS.index(label)
+            row = classifier.weight[index] * (gain or 0.0)
             classifier.weight.zero_()
             classifier.bias.fill_(-20.0)
-            classifier.bias[LABELS.index(label)] = 20.0
+            if gain is None:
+                classifier.bias[index] = 20.0
+            else:
+                classifier.weight[index] = row
+                classifier.bias[index] = -gain * level
+                classifier.bias[-1] = 0.0  # no object
             last.weight.zero_()
             last.bias.copy_(torch.tensor([math.log(v / (1 - v)) for v in box]))  # the inverse of the sigmoid
     model.save_pretrained(folder)
