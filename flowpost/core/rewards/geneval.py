@@ -30,6 +30,7 @@ from flowpost.core.rewards.model_options import scoring_options
 from flowpost.errors import FlowpostError
 
 ALIASES = {"mouse": "computer mouse", "remote": "tv remote", "keyboard": "computer keyboard"}  # COCO's own names
+CLIP_OPTIONS = {"options.model": "options.clip", "options.processor": "options.clip_processor"}
 COLOUR_TEMPLATES = ("a photo of a {c} {name}", "a photo of a {c}-colored {name}", "a photo of a {c} object")
 
 
@@ -111,7 +112,13 @@ class GenevalReward:
                 "include none of GenEval's COCO class names; give a detector trained on COCO",
                 where="options.detector",
             )
-        self.clip = ClipSimilarity(clip, processor=clip_processor, device=device, dtype=dtype, batch_size=batch_size)
+        try:
+            self.clip = ClipSimilarity(
+                clip, processor=clip_processor, device=device, dtype=dtype, batch_size=batch_size
+            )
+        except FlowpostError as exc:  # its model and processor are this reward's clip and clip_processor
+            where = CLIP_OPTIONS.get(exc.where or "", exc.where)
+            raise FlowpostError(str(exc).removeprefix(f"{exc.where}: "), where=where) from None
         self.colour_embeddings: dict[str, Tensor] = {}
 
     @torch.no_grad()

@@ -108,6 +108,8 @@ def test_bad_metadata_and_unknown_classes_are_errors_naming_the_prompt(reward: G
         ({"max_objects": 0}, "options.max_objects"),
         ({"dtype": "int8"}, "options.dtype"),
         ({"detector": "/no/such/folder"}, "options.detector"),
+        ({"clip": "/no/such/folder"}, "options.clip"),
+        ({"clip_processor": "/no/such/folder"}, "options.clip_processor"),
     ],
 )
 def test_bad_options_name_their_path(models: dict[str, str], options: dict[str, Any], where: str) -> None:
