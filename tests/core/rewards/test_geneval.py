@@ -146,3 +146,13 @@ def test_geneval_is_an_evaluation_metric(models: dict[str, str], reward: Geneval
     samples = EvalSamples(images=_images(3), prompts=["a", "b", "c"], metadata=metadata)
     assert metric.name == "geneval"
     assert metric(samples) == pytest.approx(2 / 3)
+
+
+def test_half_precision_models_give_the_same_verdicts_as_float32(models: dict[str, str], reward: GenevalReward) -> None:
+    half = build_reward("geneval", options={**models, "dtype": "bfloat16", "batch_size": 2}, where=WHERE)
+    assert half.detector.dtype == torch.bfloat16 and half.clip.model.dtype == torch.bfloat16
+    metadata = [_cats(1), _cats(QUERIES), {"tag": "single_object", "include": [{"class": "dog", "count": 1}]}]
+    media = _images(3)
+    scores = half(media, ["a", "b", "c"], metadata)
+    assert scores.dtype == torch.float32
+    assert scores.tolist() == reward(media, ["a", "b", "c"], metadata).tolist()
