@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from flowpost.core.rewards.clip import ClipSimilarity, load_pretrained
 from flowpost.core.rewards.geneval_checks import (
     Box,
+    ColourClassifier,
     Thresholds,
     class_detections,
     geneval_correct,
@@ -184,7 +185,7 @@ class GenevalReward:
         results = self.processor.post_process_object_detection(outputs, threshold=lowest, target_sizes=sizes)
         return [class_detections(result, self.classes) for result in results]
 
-    def colour_classifier(self, image: Tensor) -> Any:
+    def colour_classifier(self, image: Tensor) -> ColourClassifier:
         """``classify(boxes, name)``: the colour CLIP ranks first for each box's crop of ``image`` [3, H, W]."""
 
         def classify(boxes: list[Box], name: str) -> list[str]:
