@@ -40,10 +40,16 @@ MainPortOpt = Annotated[
 def _load(  # noqa: ANN202
     pipeline: Path | None, overrides: list[str] | None, *, smoke: bool = False, warnings: list[str] | None = None
 ):
-    from flowpost.core.config.loading import load_pipeline
+    from flowpost.core.config.loading import default_pipeline_path, load_pipeline
+    from flowpost.tasks.prompt_metadata import prompt_metadata_problems
 
     extra = ["smoke=true"] if smoke else []
-    return load_pipeline(pipeline, [*(overrides or []), *extra], warnings=warnings)
+    config = load_pipeline(pipeline, [*(overrides or []), *extra], warnings=warnings)
+    if problems := prompt_metadata_problems(config):
+        raise FlowpostError(
+            "invalid configuration:\n  " + "\n  ".join(problems), where=str(pipeline or default_pipeline_path())
+        )
+    return config
 
 
 @app.command()

@@ -38,7 +38,8 @@ from flowpost.core.process_group import launch_ranks, rank_log, record_rank_fail
 from flowpost.core.progress import BudgetUnit, TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.rewards.frames import FrameSelection
-from flowpost.core.rewards.registry import build_reward, reward_parameters
+from flowpost.core.rewards.metadata_fields import check_metadata_fields, metadata_fields
+from flowpost.core.rewards.registry import REWARD_REGISTRY, build_reward, reward_parameters
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.inputs import StageInputs
 from flowpost.core.trainers.registry import trainer_class
@@ -214,12 +215,14 @@ def pipeline_adapter(cls: type[ModelAdapter], source: PretrainedSource, options:
 
 def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInputs) -> WeightedRewards | None:
     """The stage's weighted reward sum; scorers that take ``assets_dir`` get the dataset's assets; each scores
-    video through its ``frames`` choice."""
+    video through its ``frames`` choice. A prompt without a metadata field a reward reads is an error."""
     if not configs:
         return None
     components = []
     for i, config in enumerate(configs):
         where = f"stages.{spec.stage}.rewards.{i}"
+        if fields := metadata_fields(REWARD_REGISTRY.load(config.name, where=f"{where}.name")):
+            check_metadata_fields(config.name, fields, inputs.prompts, dataset=_prompt_dataset(spec), where=where)
         options = dict(config.options)
         if inputs.assets_dir is not None and "assets_dir" in reward_parameters(config.name, where=where):
             options.setdefault("assets_dir", inputs.assets_dir)
@@ -227,6 +230,12 @@ def build_rewards(configs: list[RewardConfig], spec: StageSpec, inputs: StageInp
         selected = FrameSelection(reward, frames=config.frames, sampled_frames=config.sampled_frames, where=where)
         components.append((selected, config.weight))
     return WeightedRewards(components, where=f"stages.{spec.stage}.rewards")
+
+
+def _prompt_dataset(spec: StageSpec) -> str:
+    """The name of the dataset whose prompts the stage rolls out: ``data.prompts``, else ``data.dataset``."""
+    data = spec.config.get("data") or {}
+    return str(data.get("prompts") or data.get("dataset") or spec.prompts_dir or spec.dataset_dir)
 
 
 def run_stage(spec: StageSpec) -> TrainingProgress:

@@ -5,8 +5,9 @@ prompt, ``#`` included); the other formats hold a ``prompt`` field or column, an
 record's metadata. Files are read line by line as UTF-8 (a byte-order mark is dropped); control characters other
 than tab and line breaks are removed from prompts and counted. A ``label`` is an integer class label, as a scorer
 reading labels (e.g. ``digit_adherence``) takes it (decimal text in a CSV cell is read as its integer); anything
-else is refused. A folder contributes its files in name order, subfolders included; a prompt seen twice must carry
-the same metadata both times.
+else is refused. A row with ``include`` (or ``exclude``) holds GenEval's checks, read as ``geneval`` reads them
+(``tag``, ``include``, ``exclude``): a malformed one is refused. A folder contributes its files in name order,
+subfolders included; a prompt seen twice must carry the same metadata both times.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from flowpost.core.labels import integer_label
+from flowpost.core.rewards.geneval_metadata import parse_geneval
 from flowpost.data.file_hashes import files_fingerprint
 from flowpost.data.prompt_rows import PromptRow, read_prompt_rows
 from flowpost.data.records import PromptRecord
@@ -80,8 +82,8 @@ def read_prompt_files(path: str | Path, *, where: str) -> PromptSet:
 
 
 def _record(row: PromptRow) -> tuple[PromptRecord, int]:
-    """The row as a record (a non-empty prompt without control characters, and a ``label``, when given, read
-    as an integer) and the count of control characters removed."""
+    """The row as a record (a non-empty prompt without control characters, a ``label``, when given, read as an
+    integer, and GenEval checks, when given, well formed) and the count of control characters removed."""
     metadata = dict(row.fields)
     if "prompt" not in metadata:
         fields = ", ".join(map(str, metadata)) or "none"
@@ -101,6 +103,15 @@ def _record(row: PromptRow) -> tuple[PromptRecord, int]:
             raise FlowpostError(
                 f"{exc}; 'label' is the class label a scorer reads: fix it, or rename the field if it means "
                 "something else",
+                where=row.where,
+            ) from None
+    if "include" in metadata or "exclude" in metadata:
+        try:
+            parse_geneval(metadata)
+        except ValueError as exc:
+            raise FlowpostError(
+                f"{exc}; 'include' and 'exclude' hold GenEval's checks (its evaluation_metadata.jsonl rows): fix "
+                "them, or rename the fields if they mean something else",
                 where=row.where,
             ) from None
     return PromptRecord(prompt.strip(), metadata), removed

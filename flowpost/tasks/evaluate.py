@@ -13,11 +13,12 @@ from flowpost.core.config.schema.rewards import RewardConfig
 from flowpost.core.evaluation.grid import save_grid
 from flowpost.core.evaluation.intervals import summarize
 from flowpost.core.evaluation.plan import EvalPlan, generate
-from flowpost.core.evaluation.registry import build_metric
+from flowpost.core.evaluation.registry import build_metric, metric_metadata_fields
 from flowpost.core.evaluation.samples import EvalSamples, Metric
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.registry import load_adapter
+from flowpost.core.rewards.metadata_fields import check_metadata_fields
 from flowpost.data.condition_cache import load_conditions
 from flowpost.data.eval_split import EvalSplit, read_eval_split
 from flowpost.data.stage_inputs import read_prompt_set
@@ -56,6 +57,7 @@ def evaluate_stage(
     adapter = load_adapter(weights_dir)
     split = evaluation_prompts(dataset_dir)
     assets = dataset_dir / "assets" if (dataset_dir / "assets").is_dir() else None
+    check_evaluated_metadata(config, stage=stage, rewards=rewards, split=split, dataset=config.dataset or dataset_dir)
     metrics: dict[str, Metric] = {
         metric.result_key: build_metric(
             metric.name, options=metric.options, where=f"evaluate.metrics.{i}", assets_dir=assets
@@ -131,6 +133,18 @@ def evaluate_stage(
         result["curve"] = str(write_curve(out_dir, curve))
     write_json_atomic(out_dir / "metrics.json", result)
     return result
+
+
+def check_evaluated_metadata(
+    config: EvaluateConfig, *, stage: str, rewards: list[RewardConfig], split: EvalSplit, dataset: str | Path
+) -> None:
+    """Refuse evaluation prompts without a metadata field that a metric, or a reward the stage trained on,
+    reads; the error names the entry, the dataset, the prompt and the field."""
+    rows = list(zip(split.prompts, split.metadata, strict=True))
+    scored = [(metric.name, f"evaluate.metrics.{i}") for i, metric in enumerate(config.metrics or [])]
+    for name, where in scored + [(r.name, f"stages.{stage}.rewards.{i}") for i, r in enumerate(rewards)]:
+        fields = metric_metadata_fields(name, where=where)
+        check_metadata_fields(name, fields, rows, dataset=str(dataset), where=where)
 
 
 def evaluation_prompts(dataset_dir: Path) -> EvalSplit:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowpost.core.lazy import import_object
 from flowpost.core.plugins import Entry, Registry, is_path
+from flowpost.core.rewards.metadata_fields import metadata_fields
 from flowpost.core.rewards.registry import REWARD_REGISTRY
 from flowpost.errors import FlowpostError
 
@@ -71,6 +72,11 @@ def metric_problem(name: str, *, where: str) -> str | None:
 def metric_parameters(name: str, *, where: str) -> list[str]:
     """Names of the options the metric (or reward) ``name`` accepts."""
     return list(inspect.signature(_registry(name, where).load(name, where=where)).parameters)
+
+
+def metric_metadata_fields(name: str, *, where: str) -> tuple[str, ...]:
+    """The prompt metadata fields the metric (or reward) ``name`` reads (``metadata_fields``)."""
+    return metadata_fields(_registry(name, where).load(name, where=where))
 
 
 def metric_direction(name: str, *, where: str) -> Better | None:

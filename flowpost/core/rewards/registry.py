@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 REWARDS: dict[str, str] = {
     "aesthetic": "flowpost.core.rewards.aesthetic:AestheticScore",
     "clip_score": "flowpost.core.rewards.clip:ClipScore",
+    "geneval": "flowpost.core.rewards.geneval:GenevalReward",
     "hpsv2": "flowpost.core.rewards.hps:HpsV2",
     "imagereward": "flowpost.core.rewards.imagereward:ImageReward",
     "jpeg_compressibility": "flowpost.core.rewards.jpeg:JpegCompressibility",
