@@ -93,7 +93,7 @@ def curves(workspace: Path, steps: int, overrides: list[str]) -> dict[str, Any]:
         trainer = build_trainer(fresh_spec(run, "sft", out))
         start = flat_weights(trainer)
         trainer.start()
-        losses[name] = [e["metrics"]["loss"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+        losses[name] = [e["metrics"]["loss"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
         weights[name] = flat_weights(trainer)
         seconds[name] = statistics.median(unit_seconds(out / "events.jsonl"))
     gap = max(abs(a - b) for a, b in zip(losses["adamw"], losses["adamw8bit"], strict=True))

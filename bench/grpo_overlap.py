@@ -130,7 +130,7 @@ def run_arm(root: Path, arm: str, iterations: int, threads: int) -> dict[str, An
     trainer.start()
     cpu = time.process_time() - cpu
     cost = read_json(out / "final" / "cost.json")
-    steps = [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+    steps = [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
     return {
         "phases": {name: cost["phases"].get(name, 0.0) / iterations for name in PHASES},
         "iteration_s": statistics.median(unit_seconds(out / "events.jsonl")),

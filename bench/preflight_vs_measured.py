@@ -9,10 +9,10 @@ kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each b
 its resident memory is read after the imports (the baseline), the stage is built (its transformer and VAE
 loaded), the process's peak is reset (``/proc/self/clear_refs``), the stage runs ``--steps`` optimizer
 steps, and the measured figure is the peak above the baseline at the end of the last step (the stage's
-checkpoint and final weights, written after it, are left out: on a GPU they are written from host memory). The estimate is ``flowpost/tasks/preflight``'s
-for the stage's config, on one process. Torch's CPU allocator keeps no peak statistics, so the process's
-peak resident set stands in for it: allocator caching, the Python heap and library buffers count there,
-not in the estimate. Goal: the measurement within +-25 % of the estimate. Writes
+checkpoint and final weights, written after it, are left out: on a GPU they are written from host memory).
+The estimate is ``flowpost/tasks/preflight``'s for the stage's config, on one process. Torch's CPU allocator
+keeps no peak statistics, so the process's peak resident set stands in for it: allocator caching, the Python
+heap and library buffers count there, not in the estimate. Goal: the measurement within +-25 % of the estimate. Writes
 ``WORKSPACE/preflight_vs_measured.json``.
 """
 
@@ -172,7 +172,9 @@ def estimate(root: Path, checkpoint: str, variant: str, resolution: int, steps: 
     family = CHECKPOINTS[checkpoint].family
     config = {
         "name": "preflight-bench",
-        "datasets": {"images": {"source": "image-folder", "path": str(TESTS / "data" / "folder"), "preprocess": {"mode": "rgb"}}},
+        "datasets": {
+            "images": {"source": "image-folder", "path": str(TESTS / "data" / "folder"), "preprocess": {"mode": "rgb"}}
+        },
         "conditions": {"text": {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["images"]}},
         "stages": {"sft": {**stage, "data": {"dataset": "images", "conditions": "text"}}},
         "evaluate": {"after": []},

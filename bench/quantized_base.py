@@ -68,7 +68,7 @@ def measure(run: PipelineRun, kind: str, root: Path, *, rank: int, sft: Path | N
     started = time.perf_counter()
     run_stage(spec)
     seconds = time.perf_counter() - started
-    steps = [e["metrics"] for e in read_events(Path(spec.output_dir) / "events.jsonl") if e["event"] == "step"]
+    steps = [e["metrics"] for e in read_events(Path(spec.output_dir) / "events.jsonl") if e["event"] == "progress"]
     return {
         "quantize": kind,
         "first_replay_max_abs_ratio_error": check["max_abs_ratio_error"],

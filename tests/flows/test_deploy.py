@@ -181,7 +181,7 @@ def test_cancelling_or_interrupting_a_deployed_run_stops_its_stage_which_then_re
         interrupted = run_deployment(deployment, timeout=0)
         _training_events(workspace, after=len(stopped), deadline=time.monotonic() + 300)
         start = [e for e in read_events(events) if e["event"] == "start"][-1]
-        assert start["resumed_from"] is not None and start["step"] == stopped[-1]["optimizer_step"], start
+        assert start["resumed_from"] is not None and start["step"] == stopped[-1]["step"], start
         processes = psutil.Process(worker.pid).children(recursive=True)
         ranks = [p for p in processes if "flowpost.stage" in " ".join(p.cmdline())]
         flow_process = next(r.parent() for r in ranks)

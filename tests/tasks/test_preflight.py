@@ -123,15 +123,17 @@ def test_the_preflight_names_no_trainer() -> None:
     assert [name for name in Snapshot if f'"{name}"' in source] == []
 
 
-def _shape_pipeline(tmp_path: Path, lora: dict | None) -> dict[str, Any]:
+def _shape_pipeline(
+    tmp_path: Path, lora: dict | None, *, shape: str = "flux1-dev", family: str = "flux1"
+) -> dict[str, Any]:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a cat\n")
-    folder = str(SHAPES / "flux1-dev")
-    model = {"family": "flux1", "pretrained": folder, "torch_dtype": "bfloat16", "options": {"resolution": 512}}
+    folder = str(SHAPES / shape)
+    model = {"family": family, "pretrained": folder, "torch_dtype": "bfloat16", "options": {"resolution": 512}}
     return {
         "name": "flux-shape",
         "datasets": {"prompts": {"source": "prompt-files", "path": str(prompts)}},
-        "conditions": {"flux": {"model": {"family": "flux1", "pretrained": folder}, "datasets": ["prompts"]}},
+        "conditions": {"flux": {"model": {"family": family, "pretrained": folder}, "datasets": ["prompts"]}},
         "stages": {
             "grpo": {
                 "trainer": "grpo",
@@ -162,6 +164,17 @@ def test_the_published_flux_shape_fits_80_gib_with_lora_not_fully_fine_tuned(tmp
         lora.footprint.trainable
     )
     assert over_budget([lora], 80) == []
+
+
+def test_buffers_count_with_the_weights(tmp_path: Path) -> None:
+    """SD3.5-Medium keeps its sin-cos position table (384 x 384 positions x 1536) as a buffer, in bf16 beside the
+    weights: 0.42 GiB that a parameter count alone leaves out."""
+    [lora] = stage_memory(
+        validate_pipeline(_shape_pipeline(tmp_path, {"rank": 32}, shape="sd3.5-medium", family="sd3"))
+    )
+    assert lora.footprint is not None
+    frozen, trainable = lora.footprint.parameters - lora.footprint.trainable, lora.footprint.trainable
+    assert lora.footprint.weight_bytes - (2 * frozen + 4 * trainable) == 2 * 384 * 384 * 1536
 
 
 @pytest.mark.slow

@@ -80,7 +80,7 @@ def test_a_stage_without_events_for_the_hang_timeout_is_killed_as_hung(tmp_path,
     script = tmp_path / "hanging-python"
     script.write_text(
         '#!/bin/sh\ndir=$(dirname "$3")\n'
-        'printf \'{"event": "start", "stage": "s", "step": 0, "max_steps": 1, "ranks": 1}\\n\' >> "$dir/events.jsonl"\n'
+        'printf \'{"event": "start", "stage": "s", "step": 0, "budget": 1, "ranks": 1}\\n\' >> "$dir/events.jsonl"\n'
         'sleep 60 &\necho $! > "$dir/child.pid"\nwait\n'
     )
     script.chmod(0o755)

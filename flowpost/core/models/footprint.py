@@ -18,7 +18,7 @@ class ModelFootprint:
 
     parameters: int
     trainable: int
-    weight_bytes: int  # every parameter in its own dtype (a quantized one: its 8-bit values and scales)
+    weight_bytes: int  # every parameter and buffer in its own dtype (a quantized one: its 8-bit values and scales)
     trainable_bytes: int  # the trainable ones in their dtype
     blocks: int  # repeated transformer blocks
     hidden: int  # attention heads x head width
@@ -35,7 +35,7 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
     return ModelFootprint(
         parameters=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in trainable),
-        weight_bytes=sum(tensor_bytes(p) for p in params),
+        weight_bytes=sum(tensor_bytes(p) for p in params) + sum(tensor_bytes(b) for b in network.buffers()),
         trainable_bytes=sum(tensor_bytes(p) for p in trainable),
         blocks=len(repeated_blocks(network)),
         hidden=int(config.num_attention_heads) * int(config.attention_head_dim),

@@ -31,7 +31,7 @@ def _moments(trainer: BaseTrainer) -> list[torch.Tensor]:
 
 
 def _losses(out: Path) -> list[float]:
-    return [e["metrics"]["loss"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+    return [e["metrics"]["loss"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
 
 
 def _assert_resumes_exactly(make_trainer: Any, tmp_path: Path, *, total: dict, first: dict, **settings: Any) -> None:

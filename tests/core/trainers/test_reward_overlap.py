@@ -55,7 +55,7 @@ def test_overlap_gives_the_same_rewards_advantages_losses_and_weights(make_train
         rollout = trainer.sample()
         scored = trainer.rollouts.score(rollout)
         trainer.start()
-        steps = [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "step"]
+        steps = [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
         runs.append((rollout, scored, steps, trainer.adapter.module().state_dict()))
     (off, off_metrics, off_steps, off_weights), (on, on_metrics, on_steps, on_weights) = runs
     assert torch.equal(on.rewards, off.rewards) and torch.equal(on.advantages, off.advantages)
