@@ -316,8 +316,10 @@ def codec_channels(
     config = _config(folder)
     if isinstance(config, str):
         return None
-    channels = int(config.get("in_channels", config.get("input_channels", 3)))  # diffusers' VAEs default to RGB
-    return Codec(channels, f"the VAE of family {family!r} ({folder}: in_channels {channels})", False)
+    declared = int(config.get("in_channels", config.get("input_channels", 3)))  # diffusers' VAEs default to RGB
+    patch = int(config.get("patch_size") or 1)  # Wan2.2's VAE patchifies its input: in_channels counts the patches
+    what = f"in_channels {declared}" + (f", {patch}x{patch} patches of {declared // patch**2}" if patch > 1 else "")
+    return Codec(declared // patch**2, f"the VAE of family {family!r} ({folder}: {what})", False)
 
 
 def smallest_lora_layer(

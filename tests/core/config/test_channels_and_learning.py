@@ -204,3 +204,16 @@ def test_a_lora_rank_above_a_real_familys_narrowest_layer_is_warned_about(tiny_p
     assert warning.endswith("use a rank of at most 16 (e.g. 8 to 64)")
     [warning] = warnings(17, targets=["proj_out"])  # the targets chosen are the layers measured
     assert "the narrowest layer it adapts (proj_out)" in warning, warning
+
+
+def test_wan22s_patchifying_vae_takes_rgb_and_refuses_grayscale(tmp_path: Path, tiny_pipeline) -> None:
+    """Wan2.2-TI2V-5B's published VAE declares in_channels 12: RGB in 2x2 patches, which it folds itself."""
+    import shutil
+
+    shapes = Path(__file__).parents[3] / "docs" / "shapes" / "wan2.2-ti2v-5b"
+    folder = tmp_path / "wan22"
+    shutil.copytree(shapes, folder)
+    model = {"family": "wan2", "pretrained": str(folder), "options": {"height": 64, "width": 64, "num_frames": 5}}
+    validate_pipeline(_shapes(tiny_pipeline, model, "rgb"))
+    message = _refused(_shapes(tiny_pipeline, model, "grayscale"))
+    assert f"({folder / 'vae'}: in_channels 12, 2x2 patches of 3)" in message, message
