@@ -83,7 +83,7 @@ class PreferencePairsSource(CaptionedMediaSource):
 
 
 class WebShardsSource(CaptionedMediaSource):
-    """``web-shards``."""
+    """``webdataset``."""
 
     model = captioned.WebShardsDataset
 
