@@ -59,7 +59,10 @@ def check_eight_bit(backend: str, processes: int, *, where: str) -> None:
 
 
 def plain_state(state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state dict with each 8-bit moment as ``{_CODES: codes, scale, qmap, signed, dtype}``."""
+    """An optimizer state dict with each 8-bit moment as ``{_CODES: codes, scale, qmap, signed, dtype}`` (the
+    empty dict a rank other than 0 gathers into stays empty)."""
+    if "state" not in state:
+        return state
     return {
         **state,
         "state": {name: {k: _plain(v) for k, v in moments.items()} for name, moments in state["state"].items()},
@@ -68,7 +71,7 @@ def plain_state(state: dict[str, Any]) -> dict[str, Any]:
 
 def quantized_state(state: dict[str, Any]) -> dict[str, Any]:
     """The inverse of ``plain_state``: each moment written as plain tensors is an 8-bit moment again."""
-    if not any(_is_plain(v) for moments in state["state"].values() for v in moments.values()):
+    if "state" not in state or not any(_is_plain(v) for moments in state["state"].values() for v in moments.values()):
         return state
     from torchao.optim.subclass_8bit import OptimState8bit
 

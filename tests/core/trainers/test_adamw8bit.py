@@ -151,3 +151,9 @@ def test_dmd2_with_an_adamw8bit_role_resumes_bit_identically(make_trainer, tmp_p
         wa = straight.adapter.variants.module(role).state_dict()
         wb = resumed.adapter.variants.module(role).state_dict()
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_the_empty_state_a_rank_other_than_0_gathers_passes_through() -> None:
+    from flowpost.core.trainers.eight_bit import plain_state, quantized_state
+
+    assert plain_state({}) == {} and quantized_state({}) == {}
