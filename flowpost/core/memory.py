@@ -12,7 +12,8 @@ checkpointing, each block's input plus one block's activations. LoRA adds each a
 intermediate per token (what its up-projection keeps for backward), so it grows with the rank: the ranks
 summed over the layers, taken as ``trainable / (2 * hidden)`` (each layer about ``hidden`` wide on both
 sides), over every token (a layer of one stream of a dual-stream block sees fewer: an upper bound).
-Workspace, fragmentation, the CUDA context, the VAE and the reward model come on top.
+The VAE (``codec``) is held whole, in fp32, by every process that encodes or decodes. Workspace, fragmentation,
+the CUDA context, the VAE's own activations and the reward model come on top.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ class MemoryEstimate:
     optimizer: float
     snapshots: float
     activations: float
+    codec: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.snapshots + self.activations
+        return self.weights + self.gradients + self.optimizer + self.snapshots + self.activations + self.codec
 
 
 def estimate_memory(
@@ -55,11 +57,12 @@ def estimate_memory(
     activation_itemsize: int,
     lora: bool = False,
     eight_bit_roles: int = 0,
+    codec_bytes: float = 0.0,
 ) -> MemoryEstimate:
     """Per-GPU bytes for ``roles`` trainable copies (LoRA: adapters on one shared base) and ``snapshots``,
     training ``micro_batch`` samples per GPU of ``image_tokens + text_tokens`` tokens; ``lora``: the trainable
     parameters are adapters, whose intermediates grow with their rank; ``eight_bit_roles`` of the roles step
-    ``adamw8bit``."""
+    ``adamw8bit``; ``codec_bytes``: the VAE the stage holds (not sharded)."""
     frozen = footprint.weight_bytes - footprint.trainable_bytes
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
@@ -77,6 +80,7 @@ def estimate_memory(
         * state_share,
         snapshots=snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE * weight_share,
         activations=micro_batch * per_sample,
+        codec=codec_bytes,
     )
 
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -12,11 +14,12 @@ from flowpost.core.config.loading import network_model
 from flowpost.core.config.schema.models import ModelConfig
 from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.config.schema.stages import StageConfig
+from flowpost.core.contracts import Acquisition
 from flowpost.core.memory import GIB, MemoryEstimate, estimate_memory
 from flowpost.core.models.footprint import ModelFootprint, model_footprint
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.core.models.precision import upcast_trainable
-from flowpost.core.models.pretrained import PretrainedSource
+from flowpost.core.models.pretrained import PretrainedSource, is_hub_id
 from flowpost.core.models.quantize import quantize_frozen
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.snapshots import Snapshot
@@ -78,7 +81,31 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
         text_tokens=text_tokens(config, stage),
         activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
         lora=stage.model.lora is not None,
+        codec_bytes=codec_bytes(stage, model),
     )
+
+
+def codec_bytes(stage: StageConfig, model: ModelConfig) -> int:
+    """The VAE the stage holds, in fp32, sized from its config on the meta device: every stage that encodes
+    media or decodes samples (rewards, validation grids) holds it; none for one that reads a latent cache and
+    never decodes, or whose VAE config is not a local file (a hub id is not fetched)."""
+    decodes = trainer_class(stage.trainer).acquisition is Acquisition.GENERATION or stage.callbacks.validation
+    if not decodes and stage.data is not None and stage.data.latents:
+        return 0
+    if model.pretrained is None or is_hub_id(model.pretrained):
+        return 0
+    config_file = Path((model.components or {}).get("vae") or Path(model.pretrained) / "vae") / "config.json"
+    if not config_file.is_file():
+        return 0
+    import diffusers
+
+    config = json.loads(config_file.read_text())
+    codec_class = getattr(diffusers, str(config.get("_class_name")), None)
+    if codec_class is None:
+        return 0
+    with torch.device("meta"):
+        codec = codec_class.from_config(config)
+    return 4 * sum(parameter.numel() for parameter in codec.parameters())
 
 
 def eight_bit_roles(stage: StageConfig) -> int:
@@ -159,7 +186,7 @@ def over_budget(rows: list[StageMemory], gpu_memory: float | None) -> list[str]:
 
 COLUMNS = (
     *("stage", "family", "fine-tune", "GPUs", "trainable"),
-    *("weights", "grads", "Adam", "snapshots", "activations", "total"),
+    *("weights", "grads", "optimizer", "snapshots", "activations", "VAE", "total"),
 )
 
 
@@ -169,7 +196,7 @@ def cells(row: StageMemory) -> list[str]:
     if row.estimate is None or row.footprint is None:
         return [*head, row.note, *[""] * (len(COLUMNS) - len(head) - 1)]
     e = row.estimate
-    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.total)
+    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.total)
     return [*head, params_text(row.footprint.trainable), *(f"{part / GIB:.1f}" for part in parts)]
 
 

@@ -212,3 +212,19 @@ def test_a_pipeline_that_cannot_be_read_here_gets_a_row_saying_why(tiny_pipeline
     [row] = stage_memory(validate_pipeline(_config(tiny_pipeline, model)))  # HF_HUB_OFFLINE: no download
     assert row.estimate is None and row.note.startswith("not estimated:") and "transformer" in row.note
     assert over_budget([row], 1.0) == []
+
+
+def test_the_vae_counts_in_fp32_unless_the_stage_never_encodes_or_decodes(tmp_path: Path) -> None:
+    """SD3.5-Medium's VAE (AutoencoderKL, 83.8 M parameters) is held in fp32 by a GRPO stage, which decodes its
+    samples for the reward; an SFT stage reading a latent cache, without validation grids, never loads it."""
+    from flowpost.core.config.schema import StageConfig
+    from flowpost.tasks.preflight import codec_bytes
+
+    pipeline = validate_pipeline(_shape_pipeline(tmp_path, {"rank": 32}, shape="sd3.5-medium", family="sd3"))
+    [grpo] = stage_memory(pipeline)
+    assert grpo.estimate is not None and grpo.estimate.codec == 4 * 83_819_683
+    model = pipeline.stages["grpo"].model
+    cached = {"trainer": "sft", "model": model.model_dump(), "data": {"dataset": "d", "conditions": "c", "latents": "l"}}
+    assert codec_bytes(StageConfig.model_validate(cached), model) == 0
+    validated = {**cached, "callbacks": {"validation": {"every": 10, "prompts": ["a cat"]}}}
+    assert codec_bytes(StageConfig.model_validate(validated), model) == grpo.estimate.codec
