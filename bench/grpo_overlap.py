@@ -14,8 +14,8 @@ iteration has the same reward mean and, within 1e-4, the same loss as the defaul
 Each arm's run is a fresh process (peak RSS is per process), rounds alternating the arms' order. A run
 reports the ledger's phase seconds per iteration (rollout, reward, optimize; all iterations), the median
 iteration seconds (events, the first iteration left out), the process's CPU seconds per iteration (all
-threads, all iterations: what a loaded machine disturbs less) and the peak RSS above the process's peak
-after building the trainer (``ru_maxrss``: what the iterations add). Writes
+threads, all iterations: what a loaded machine disturbs less) and the peak resident memory of the iterations
+above what the built trainer holds (the peak reset after building: ``process_memory.py``). Writes
 ``WORKSPACE/grpo_overlap.json`` and prints a table of medians over rounds.
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 from prepared import folder_stage_spec, unit_seconds
+from process_memory import peak, reset_peak, resident
 
 from flowpost.core.config.schema import StageConfig
 from flowpost.core.events import read_events
@@ -125,17 +125,19 @@ def run_arm(root: Path, arm: str, iterations: int, threads: int) -> dict[str, An
     trainer = build_trainer(
         folder_stage_spec(stage(model, arm, iterations), root, out, name="grpo", fingerprint=FINGERPRINT)
     )
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = resident()
+    reset_peak()
     cpu = time.process_time()
     trainer.start()
     cpu = time.process_time() - cpu
+    growth = peak() - before
     cost = read_json(out / "final" / "cost.json")
     steps = [e["metrics"] for e in read_events(out / "events.jsonl") if e["event"] == "progress"]
     return {
         "phases": {name: cost["phases"].get(name, 0.0) / iterations for name in PHASES},
         "iteration_s": statistics.median(unit_seconds(out / "events.jsonl")),
         "cpu_s": cpu / iterations,
-        "peak_rss_growth": cost["peak_memory_bytes"] - before,
+        "peak_rss_growth": growth,
         "first": {key: steps[0][key] for key in ("loss", "reward/total_mean")},
         "steps_per_pass": steps[0].get("replay/steps_per_pass", 4.0),
     }

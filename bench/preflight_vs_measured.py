@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 BENCH = Path(__file__).resolve().parent
 TESTS = BENCH.parent / "tests"
 sys.path[:0] = [str(TESTS)]
 
+from process_memory import peak, reset_peak, resident  # noqa: E402
 from shape_faithful.build import CHECKPOINTS, build_folder  # noqa: E402
 
 from flowpost.core.callbacks.base import Callback  # noqa: E402
@@ -102,21 +102,6 @@ def prepare(root: Path, checkpoint: str, resolution: int) -> Path:
         finally:
             encoder.release()
     return folder
-
-
-def resident() -> int:
-    return psutil.Process().memory_info().rss
-
-
-def reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 class StepPeak(Callback):
