@@ -345,7 +345,10 @@ def _latents(call: NodeCall) -> dict[str, Any]:
 
 def _train(call: NodeCall) -> dict[str, Any]:
     spec = call.run.train_spec(call.node.key, call.out, resume=call.resume)
-    outputs: dict[str, Any] = {"step": run_training(spec, on_event=call.on_event).step}
+    done = run_training(spec, on_event=call.on_event)
+    outputs: dict[str, Any] = {"step": done.step}
+    if done.iteration is not None:  # an online trainer's budget: its rollout iterations
+        outputs["iteration"] = done.iteration
     if (cost := read_cost(call.out)) is not None:
         outputs["cost"] = cost
     record = read_guard_record(call.out)

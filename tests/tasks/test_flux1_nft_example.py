@@ -34,7 +34,7 @@ def test_the_example_runs_on_a_tiny_flux1_folder(flux1_pipeline_dir: Path, tmp_p
     assert memory.fine_tune == "LoRA r4" and memory.estimate is not None
     run = PipelineRun(pipeline, tmp_path / "ws")
     results = {node: run.execute(node) for node in run.nodes}
-    assert results["train.nft"].outputs["step"] >= 1
+    assert results["train.nft"].outputs["iteration"] >= 1
     export = results["export"].path
     assert Flux1Adapter.from_pretrained(export).resolution == RESOLUTION
     assert (export / "lora" / "pytorch_lora_weights.safetensors").is_file()

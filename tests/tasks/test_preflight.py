@@ -224,7 +224,11 @@ def test_the_vae_counts_in_fp32_unless_the_stage_never_encodes_or_decodes(tmp_pa
     [grpo] = stage_memory(pipeline)
     assert grpo.estimate is not None and grpo.estimate.codec == 4 * 83_819_683
     model = pipeline.stages["grpo"].model
-    cached = {"trainer": "sft", "model": model.model_dump(), "data": {"dataset": "d", "conditions": "c", "latents": "l"}}
+    cached = {
+        "trainer": "sft",
+        "model": model.model_dump(),
+        "data": {"dataset": "d", "conditions": "c", "latents": "l"},
+    }
     assert codec_bytes(StageConfig.model_validate(cached), model) == 0
     validated = {**cached, "callbacks": {"validation": {"every": 10, "prompts": ["a cat"]}}}
     assert codec_bytes(StageConfig.model_validate(validated), model) == grpo.estimate.codec

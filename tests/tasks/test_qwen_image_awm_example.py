@@ -34,7 +34,7 @@ def test_the_example_runs_on_a_tiny_qwen_image_folder(qwen_image_pipeline_dir: P
     stage["train"].update(TINY_TRAIN, checkpoint_every=0)
     run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
     results = {node: run.execute(node) for node in run.nodes}
-    assert results["train.awm"].outputs["step"] >= 1
+    assert results["train.awm"].outputs["iteration"] >= 1
     export = results["export"].path
     assert QwenImageAdapter.from_pretrained(export).resolution == RESOLUTION
     assert (export / "lora" / "pytorch_lora_weights.safetensors").is_file()

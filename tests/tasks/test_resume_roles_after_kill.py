@@ -88,7 +88,7 @@ def test_sigkill_mid_dmd2_stage_then_resume_matches_an_uninterrupted_run(tmp_pat
     )
     deadline = time.monotonic() + 300
     while not any(
-        e["event"] == "checkpoint" and e["step"] >= 2 for e in read_events(tmp_path / "killed" / "events.jsonl")
+        e["event"] == "checkpoint" and e["iteration"] >= 2 for e in read_events(tmp_path / "killed" / "events.jsonl")
     ):
         assert process.poll() is None and time.monotonic() < deadline, "stage ended before it could be killed"
         time.sleep(0.05)
@@ -96,9 +96,9 @@ def test_sigkill_mid_dmd2_stage_then_resume_matches_an_uninterrupted_run(tmp_pat
     process.wait()
     assert not (tmp_path / "killed" / "final").exists()
 
-    assert run_training(killed).step == ITERATIONS
+    assert run_training(killed).iteration == ITERATIONS
     start = [e for e in read_events(tmp_path / "killed" / "events.jsonl") if e["event"] == "start"]
-    assert start[-1]["resumed_from"] is not None and 2 <= start[-1]["step"] < ITERATIONS
+    assert start[-1]["resumed_from"] is not None and 2 <= start[-1]["iteration"] < ITERATIONS
     (model_a, optimizers_a), (model_b, optimizers_b) = (
         _final_state(tmp_path / "straight"),
         _final_state(tmp_path / "killed"),

@@ -29,7 +29,7 @@ def test_the_example_runs_on_a_tiny_sd3_folder(sd3_pipeline_dir: Path, tmp_path:
     stage["train"].update(TINY_TRAIN, checkpoint_every=0)
     run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
     results = {node: run.execute(node) for node in run.nodes}
-    assert results["train.grpo"].outputs["step"] == 1
+    assert results["train.grpo"].outputs["iteration"] == 1
     export = results["export"].path
     assert (export / "lora" / "pytorch_lora_weights.safetensors").is_file()
     assert (export / "model_index.json").is_file() and (export / "transformer").is_dir()

@@ -100,7 +100,7 @@ def test_the_example_runs_on_a_tiny_wan_folder(wan2_pipeline_dir: Path, tmp_path
     stage["train"].update(TINY_ROLLOUTS, train_batch_size=4, checkpoint_every=0)
     run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
     results = {node: run.execute(node) for node in run.nodes}
-    assert results["train.grpo"].outputs["step"] == 1
+    assert results["train.grpo"].outputs["iteration"] == 1
     export = results["export"].path
     assert (export / "lora" / "pytorch_lora_weights.safetensors").is_file() and (export / "model_index.json").is_file()
     videos, path = sample_prompts(export, ["a red cat"], out=tmp_path / "cat.mp4", steps=2, guidance=5.0)
