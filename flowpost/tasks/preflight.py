@@ -89,7 +89,8 @@ def codec_bytes(stage: StageConfig, model: ModelConfig) -> int:
     """The VAE the stage holds, in fp32, sized from its config on the meta device: every stage that encodes
     media or decodes samples (rewards, validation grids) holds it; none for one that reads a latent cache and
     never decodes, or whose VAE config is not a local file (a hub id is not fetched)."""
-    decodes = trainer_class(stage.trainer).acquisition is Acquisition.GENERATION or stage.callbacks.validation
+    generates = trainer_class(stage.trainer).acquisition is Acquisition.GENERATION
+    decodes = generates or stage.callbacks.validation is not None
     if not decodes and stage.data is not None and stage.data.latents:
         return 0
     if model.pretrained is None or is_hub_id(model.pretrained):
