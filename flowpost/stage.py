@@ -34,6 +34,7 @@ from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.quantize import quantize_frozen
 from flowpost.core.models.registry import adapter_class, load_adapter
+from flowpost.core.models.text_encoders import same_encoder
 from flowpost.core.process_group import launch_ranks, rank_log, record_rank_failure
 from flowpost.core.progress import BudgetUnit, TrainingProgress
 from flowpost.core.rewards.combine import WeightedRewards
@@ -171,13 +172,14 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         else:
             adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
     encoder = spec.extra.get("encoder") or {}
-    if encoder.get("name", adapter.encoder_name) != adapter.encoder_name:
+    encoder_at = f"stages.{spec.stage}.data.conditions"
+    if not same_encoder(encoder.get("name", adapter.encoder_name), adapter.encoder_name, where=encoder_at):
         model_at = model.pretrained or spec.init_from or f"family {model.family!r}"
         raise FlowpostError(
             f"the model ({model_at}) reads {adapter.encoder_name!r} conditions, but the cache "
             f"{spec.conditions_dir} holds {encoder['name']!r} ones ({encoder.get('pretrained', 'its encoder')}); "
             "point data.conditions at a cache of the stage's family",
-            where=f"stages.{spec.stage}.data.conditions",
+            where=encoder_at,
         )
     if encoder.get("max_length") is not None:
         adapter.encoder_max_length = int(encoder["max_length"])

@@ -9,10 +9,13 @@ built-in's, with errors naming that path.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from flowpost.core.plugins import Registry
+from pydantic import create_model
+
+from flowpost.core.plugins import Registry, is_path
 from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
@@ -52,8 +55,11 @@ class DatasetSource(ABC):
 
 
 def source_model(name: str, *, where: str) -> type[StoredDataset]:
-    """The config model of the plugin source registered as ``name`` (importing it registers the model)."""
+    """The config model of the plugin source registered as ``name`` (importing it registers the model); a source
+    named by its class path (``package.module:Class``) gets its model with ``source`` fixed to that path."""
     model: type[StoredDataset] = DATASET_REGISTRY.load(name, where=where).model
+    if is_path(name):
+        return _named_by_path(model, name)
     if model.model_fields["source"].default != name:
         raise FlowpostError(
             f"dataset source {name!r} carries the model {model.__qualname__}, whose source is "
@@ -61,3 +67,12 @@ def source_model(name: str, *, where: str) -> type[StoredDataset]:
             where=where,
         )
     return model
+
+
+@cache
+def _named_by_path(model: type[StoredDataset], path: str) -> type[StoredDataset]:
+    """``model`` whose ``source`` is ``path``, so a pipeline file naming the source by its class path validates and
+    dumps that path (defining it registers it under the path)."""
+    return create_model(  # type: ignore[call-overload,no-any-return]
+        model.__name__, __base__=model, __module__=model.__module__, source=(Literal[path], path)
+    )

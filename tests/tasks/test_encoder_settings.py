@@ -13,17 +13,18 @@ from flowpost.core.io import write_json_atomic
 from flowpost.core.models import text_encoders
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
+from flowpost.errors import FlowpostError
 from flowpost.stage import build_adapter
 from flowpost.tasks.train import stage_spec
 
 SMALL = {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 8, "caption_projection_dim": 16}
 
 
-def _conditions_dir(tmp_path: Path, max_length: int) -> Path:
+def _conditions_dir(tmp_path: Path, max_length: int, encoder: str = "minilm") -> Path:
     folder = tmp_path / "conditions"
     write_json_atomic(
         folder / "encoder.json",
-        {"encoder": "minilm", "encoder_fingerprint": "abc", "max_length": max_length},
+        {"encoder": encoder, "encoder_fingerprint": "abc", "max_length": max_length},
     )
     return folder
 
@@ -45,6 +46,31 @@ def test_stage_spec_records_the_cache_encoder_and_build_adapter_applies_it(tmp_p
     adapter.save_pretrained(tmp_path / "model")
     reloaded = load_adapter(tmp_path / "model")
     assert reloaded.encoder_max_length == 24 and reloaded.describe()["encoder_max_length"] == 24
+
+
+@pytest.mark.parametrize(
+    ("encoder", "reads"),
+    [("flowpost_digits.encoder:MiniLMEncoder", True), ("flowpost_example_plugin.rewards:Contrast", False)],
+)
+def test_a_cache_whose_encoder_is_named_by_class_path_is_read_when_it_is_the_model_s_class(
+    tmp_path: Path, tiny_pipeline, encoder: str, reads: bool
+) -> None:
+    pipeline = validate_pipeline(tiny_pipeline())
+    conditions = _conditions_dir(tmp_path, 16, encoder)
+    spec = stage_spec(
+        pipeline,
+        "sft",
+        tmp_path / "out",
+        dataset_dir=None,
+        conditions_dir=conditions,
+        encoder_fingerprint="abc",
+        init_from=None,
+    )
+    if reads:
+        assert build_adapter(StageConfig.model_validate(spec.config), spec).encoder_name == "minilm"
+        return
+    with pytest.raises(FlowpostError, match="stages.sft.data.conditions: the model .* reads 'minilm' conditions"):
+        build_adapter(StageConfig.model_validate(spec.config), spec)
 
 
 def test_a_manifest_without_the_length_loads_with_the_default(tmp_path: Path) -> None:

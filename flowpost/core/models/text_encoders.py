@@ -44,3 +44,10 @@ def encoder_package(name: str) -> str | None:
         return None
     cls = ENCODER_REGISTRY.load(name, where="conditions.*.encoder")
     return getattr(cls, "package", None) or entry.plugin or name
+
+
+def same_encoder(first: str, second: str, *, where: str) -> bool:
+    """Whether two encoder names (registered names or class paths) name one class."""
+    return first == second or ENCODER_REGISTRY.target(first, where=where) == ENCODER_REGISTRY.target(
+        second, where=where
+    )

@@ -97,3 +97,22 @@ def test_an_unknown_source_lists_the_plugin_sources(site: Path) -> None:
     with pytest.raises(FlowpostError) as info:
         validate_pipeline(_pipeline({"source": "numbered-line"}))
     assert "numbered-lines" in str(info.value) and "builtin-digits" in str(info.value)
+
+
+def test_a_source_named_by_its_class_path_validates_dumps_and_acquires(site: Path, tmp_path: Path) -> None:
+    pipeline = validate_pipeline(_pipeline({"source": "lines_source:Lines", "count": 2}))
+    dataset = pipeline.datasets["lines"]
+    dumped = pipeline_to_dict(pipeline)["datasets"]["lines"]
+    assert (dumped["source"], dumped["count"]) == ("lines_source:Lines", 2)
+    assert validate_pipeline(pipeline_to_dict(pipeline)).datasets["lines"] == dataset  # its dump reads back
+    manifest = acquire_dataset(dataset, tmp_path, where="datasets.lines")
+    assert manifest["train_prompts"] == ["line 0", "line 1"]
+
+
+def test_a_class_path_source_s_bad_field_and_missing_class_name_their_config_path(site: Path) -> None:
+    with pytest.raises(FlowpostError) as info:
+        validate_pipeline(_pipeline({"source": "lines_source:Lines", "count": 0}))
+    assert "datasets.lines.count: Input should be greater than or equal to 1" in str(info.value)
+    with pytest.raises(FlowpostError) as info:
+        validate_pipeline(_pipeline({"source": "lines_source:Absent"}))
+    assert "datasets.lines" in str(info.value) and "lines_source:Absent" in str(info.value)

@@ -58,14 +58,15 @@ class SampledPairsDataset(SampledDataset):
 
 def dataset_config(data: Any) -> DatasetConfig:
     """The model of ``data``'s ``source``, validated; its errors name the dataset's fields, never the source. A
-    source no built-in model has is looked up among the plugin sources (entry point group ``flowpost.datasets``)."""
+    source no built-in model has is looked up among the plugin sources (entry point group ``flowpost.datasets``), or
+imported when written as ``package.module:Class``."""
     if isinstance(data, DatasetBase):
         return cast("DatasetConfig", data)
     if not isinstance(data, dict) or "source" not in data:
         raise ValueError(f"give a mapping with a source: one of {', '.join(_source_names())}")
     name = data["source"]
     model = SOURCES.get(name) if isinstance(name, str) else None
-    if model is None and isinstance(name, str) and not is_path(name):
+    if model is None and isinstance(name, str):
         model = _plugin_model(name)
     if model is None:
         raise ValueError(unknown("source", name, _source_names()))
@@ -73,10 +74,11 @@ def dataset_config(data: Any) -> DatasetConfig:
 
 
 def _plugin_model(name: str) -> type[DatasetBase] | None:
-    """The model of the plugin source ``name``; None when no installed package declares it."""
+    """The model of the plugin source ``name`` (an entry point's name or a class path); None when no installed
+    package declares the name."""
     from flowpost.core.datasets import DATASET_REGISTRY, source_model
 
-    if name not in DATASET_REGISTRY.entries(where="datasets"):
+    if not is_path(name) and name not in DATASET_REGISTRY.entries(where="datasets"):
         return None
     try:
         return source_model(name, where="datasets")
