@@ -6,11 +6,13 @@ import base64
 from pathlib import Path
 from typing import Any
 
+from flowpost.core.evaluation.samples import Better
 from flowpost.core.io import read_json, write_bytes_atomic, write_json_atomic
 from flowpost.tasks.cost import REWARD, cost_table, read_cost, with_reward_gains
 from flowpost.tasks.curve import CURVE_FILE, read_curve
 from flowpost.tasks.evaluate import GAP, TRAINED_REWARD
 from flowpost.tasks.guard_record import describe_guard, guard_outcome, read_guard_record
+from flowpost.tasks.pareto import trade_off_section
 from flowpost.tasks.promote import DECISION_FILE
 
 RUN_FIELDS = ("n_samples", "step", "weights", "seed", "smoke")
@@ -27,13 +29,16 @@ def write_report(
     promotion_dir: Path | None = None,
     guard_dirs: dict[str, Path] | None = None,
     train_dirs: dict[str, Path] | None = None,
+    directions: dict[str, Better] | None = None,
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
     [intervals], [guard: {fired, checks, at, ended_with (steps)}], [cost: {...}]}}`` to each out dir
     (``cost``: the stage's cost ledger from ``train_dirs``, stage -> training folder, with its reward gain:
     ``flowpost.tasks.cost``); report.md adds the table comparing the stages' costs, what the guards of
     ``guard_dirs`` (stage -> training folder) decided, each stage's checkpoint curve (``evaluate.every``),
-    the sample grids (embedded), the export and the promotion gate's decision."""
+    the trade-off between each pair of metrics with a ``directions`` entry across those checkpoints (Pareto
+    plots, ``flowpost.tasks.pareto``), the sample grids (embedded), the export and the promotion gate's
+    decision."""
     metrics: dict[str, Any] = {}
     headlines: dict[str, str] = {}
     for stage, directory in eval_dirs.items():
@@ -78,6 +83,7 @@ def write_report(
     curves = {stage: curve for stage, directory in eval_dirs.items() if (curve := read_curve(directory)) is not None}
     for stage, curve in curves.items():
         lines += ["", f"## {stage} over checkpoints (`{eval_dirs[stage] / CURVE_FILE}`)", "", *_curve_table(curve)]
+    lines += trade_off_section(curves, directions or {}, out_dirs)
     if any("intervals" in m for m in metrics.values()):
         lines += ["", "Values are means over the evaluation seeds, with their 95 % interval in brackets."]
     lines += ["", "Sample grids (one row per digit or prompt, held-out prompts):", ""]

@@ -27,8 +27,11 @@ from safetensors import SafetensorError
 from flowpost.core.config.loading import pipeline_to_dict
 from flowpost.core.config.schema.captioned import CaptionedDataset
 from flowpost.core.config.schema.datasets import PromptFilesDataset, SampledPairsDataset, TrajectoriesDataset
+from flowpost.core.config.schema.evaluation import EvaluateConfig
 from flowpost.core.config.schema.models import ModelConfig
 from flowpost.core.config.schema.pipeline import PipelineConfig
+from flowpost.core.evaluation.registry import metric_direction
+from flowpost.core.evaluation.samples import Better
 from flowpost.core.io import (
     file_errors_reported,
     read_json,
@@ -422,8 +425,18 @@ def _report(call: NodeCall) -> dict[str, Any]:
         promotion_dir=promotion,
         guard_dirs=guarded,
         train_dirs={name: run.path(f"train.{name}") for name in run.pipeline.evaluate.after},
+        directions=_metric_directions(run.pipeline.evaluate),
         out_dirs=[call.out],
     )
+
+
+def _metric_directions(evaluate: EvaluateConfig) -> dict[str, Better]:
+    """Each evaluated metric's key -> which direction is better, for the metrics that declare one."""
+    found = {
+        metric.result_key: metric_direction(metric.name, where=f"evaluate.metrics.{i}")
+        for i, metric in enumerate(evaluate.metrics or [])
+    }
+    return {key: better for key, better in found.items() if better is not None}
 
 
 HANDLERS: dict[NodeKind, Callable[[NodeCall], dict[str, Any]]] = {

@@ -72,6 +72,10 @@ def test_the_report_has_a_table_of_the_curve(curve_run: PipelineRun) -> None:
     assert "| step | adherence | reward_mean | fd |" in report
     for row in curve:
         assert f"| {row['step']} | {row['adherence']:.4g} | {row['reward_mean']:.4g} | {row['fd']:.4g} |" in report
+    # adherence (better high), the reward (high) and fd (low): three pairs, each plotted beside the report
+    assert "## Trade-offs over checkpoints" in report
+    for pair in ("adherence-reward_mean", "adherence-fd", "reward_mean-fd"):
+        assert (curve_run.path("report") / f"pareto-{pair}.png").is_file() and f"pareto-{pair}.png" in report
 
 
 def test_without_every_the_eval_node_writes_no_curve(
