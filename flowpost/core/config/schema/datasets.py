@@ -58,8 +58,8 @@ class SampledPairsDataset(SampledDataset):
 
 def dataset_config(data: Any) -> DatasetConfig:
     """The model of ``data``'s ``source``, validated; its errors name the dataset's fields, never the source. A
-    source no built-in model has is looked up among the plugin sources (entry point group ``flowpost.datasets``), or
-imported when written as ``package.module:Class``."""
+        source no built-in model has is looked up among the plugin sources (entry point group ``flowpost.datasets``), or
+    imported when written as ``package.module:Class``."""
     if isinstance(data, DatasetBase):
         return cast("DatasetConfig", data)
     if not isinstance(data, dict) or "source" not in data:
