@@ -47,6 +47,7 @@ class DigitJudgeFrechet:
 
     name = "fd"
     better = "lower"
+    reads_reference = True
 
     def __init__(self, assets_dir: str | Path) -> None:
         self.judge = load_classifier(Path(assets_dir), JUDGE_CLASSIFIER.name)

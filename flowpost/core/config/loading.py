@@ -367,13 +367,15 @@ def _lora_rank_warnings(pipeline: PipelineConfig, name: str) -> list[str]:
 
 
 def _metric_problems(pipeline: PipelineConfig) -> list[str]:
-    """Metric names no registry knows, plugins that cannot be loaded or lack a key, and metrics reading the
-    evaluation dataset's assets (``assets_dir``) where it writes none."""
-    from flowpost.core.evaluation.registry import ASSETS, metric_parameters, metric_problem
+    """Metric names no registry knows, plugins that cannot be loaded or lack a key, metrics reading the
+    evaluation dataset's assets (``assets_dir``) where it writes none, and metrics comparing with held-out real
+    images (``reads_reference``) on a prompt-files dataset."""
+    from flowpost.core.evaluation.registry import ASSETS, metric_parameters, metric_problem, metric_reads_reference
     from flowpost.core.plugins import is_path
 
     evaluate = pipeline.evaluate
-    assets = evaluate.dataset is not None and pipeline.datasets[evaluate.dataset].WRITES_ASSETS
+    dataset = pipeline.datasets[evaluate.dataset] if evaluate.dataset is not None else None
+    assets = dataset is not None and dataset.WRITES_ASSETS
     problems = []
     for i, metric in enumerate(evaluate.metrics or []):
         where = f"evaluate.metrics.{i}"
@@ -389,6 +391,11 @@ def _metric_problems(pipeline: PipelineConfig) -> list[str]:
                 f"{where}: {metric.name!r} reads the assets its dataset's acquisition writes ({ASSETS}), and the "
                 f"source of evaluate.dataset {evaluate.dataset!r} writes none; evaluate on a dataset of the source "
                 "it belongs to, or pick another metric"
+            )
+        elif isinstance(dataset, PromptFilesDataset) and metric_reads_reference(metric.name, where=where):
+            problems.append(
+                f"{where}: {metric.name!r} compares the samples with held-out real images, which prompt-files "
+                f"dataset {evaluate.dataset!r} has none of; drop it, or evaluate on an image dataset with split.eval"
             )
     return problems
 

@@ -14,6 +14,7 @@ class FeatureFrechet:
 
     kind: FeatureKind
     better = "lower"
+    reads_reference = True
 
     def __init__(self, model: str, *, device: str | None = None, batch_size: int = 64) -> None:
         self.name = f"fd_{self.kind}"

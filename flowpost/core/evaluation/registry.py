@@ -79,6 +79,12 @@ def metric_metadata_fields(name: str, *, where: str) -> tuple[str, ...]:
     return metadata_fields(_registry(name, where).load(name, where=where))
 
 
+def metric_reads_reference(name: str, *, where: str) -> bool:
+    """Whether the metric ``name`` compares the samples with held-out real images (its class's
+    ``reads_reference``)."""
+    return bool(getattr(_registry(name, where).load(name, where=where), "reads_reference", False))
+
+
 def metric_direction(name: str, *, where: str) -> Better | None:
     """Which direction of the metric (or reward) ``name`` is better: ``higher`` for a reward (what training
     raises), else its class's ``better``; None when it declares none."""

@@ -13,7 +13,6 @@ from flowpost.core.evaluation.samples import Better
 # what an evaluation's metrics.json holds besides the metrics
 RESULT_FIELDS = """trained_reward reward_judge_gap intervals per_seed metrics headline n_samples samples_per_seed
 weights seed eval_seed eval_seeds smoke steps guidance stage step grid curve""".split()
-REFERENCE_METRICS = ("fd", "fd_clip", "fd_dinov2")  # compare the samples with held-out real images
 
 
 class MetricConfig(OmittingModel):

@@ -12,7 +12,7 @@ from flowpost.core.config.schema.datasets import (
     SampledDataset,
     TrajectoriesDataset,
 )
-from flowpost.core.config.schema.evaluation import REFERENCE_METRICS, EvaluateConfig, MetricConfig
+from flowpost.core.config.schema.evaluation import EvaluateConfig, MetricConfig
 from flowpost.core.config.schema.export import ExportConfig
 from flowpost.core.config.schema.models import ConditionsConfig, LatentsConfig
 from flowpost.core.config.schema.names import INIT_KEYWORDS, Key, Name, unknown
@@ -130,15 +130,6 @@ class PipelineConfig(OmittingModel):
                     f"dataset {name!r} holds training prompts ({users[0]} reads them), so none is held out; {advice}"
                 )
                 errors.append(("evaluate.dataset", message))
-            errors += [
-                (
-                    f"evaluate.metrics.{i}",
-                    f"{metric.name!r} compares the samples with held-out real images, which prompt-files dataset "
-                    f"{name!r} has none of; drop it, or evaluate on an image dataset with split.eval",
-                )
-                for i, metric in enumerate(self.evaluate.metrics)
-                if metric.name in REFERENCE_METRICS
-            ]
         if cache in self.conditions and name not in self.conditions[cache].datasets:
             errors.append(
                 ("evaluate.conditions", f"cache {cache!r} does not encode dataset {name!r}; add it to its datasets")
