@@ -8,7 +8,9 @@ FSDP2 shards all of them over the ranks; DeepSpeed ZeRO-2 shards gradients and o
 replicates everything. Activations are rough: ``ACTIVATION_BYTES`` per token, hidden unit and block in
 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", without
 the attention-score term fused attention kernels do not store), twice that in fp32; with gradient
-checkpointing, each block's input plus one block's activations. LoRA adds each adapted layer's rank-wide
+checkpointing of the first N blocks (``gradient_checkpointing: N``; ``true``: all), those blocks' inputs plus the
+other blocks' activations whole (at least one block's: backward has freed the others' when it recomputes the
+first blocks). LoRA adds each adapted layer's rank-wide
 intermediate per token (what its up-projection keeps for backward), so it grows with the rank: the ranks
 summed over the layers, taken as ``trainable / (2 * hidden)`` (each layer about ``hidden`` wide on both
 sides), over every token (a layer of one stream of a dual-stream block sees fewer: an upper bound).
@@ -88,12 +90,11 @@ def activation_bytes(footprint: ModelFootprint, *, text_tokens: int, activation_
     """Bytes one sample's forward keeps for backward (``image_tokens + text_tokens`` tokens)."""
     tokens = footprint.image_tokens + text_tokens
     per_block = tokens * footprint.hidden * ACTIVATION_BYTES * activation_itemsize / 2
-    if footprint.checkpointing:
-        per_sample = footprint.blocks * tokens * footprint.hidden * activation_itemsize + per_block
-    else:
-        per_sample = footprint.blocks * per_block
+    # backward frees the kept blocks' activations before it recomputes the first blocks, one at a time
+    kept = max(footprint.blocks - footprint.checkpointed, 1 if footprint.checkpointed else 0)
+    per_sample = footprint.checkpointed * tokens * footprint.hidden * activation_itemsize + kept * per_block
     if lora:
         adapter_units = footprint.trainable / (2 * footprint.hidden)  # the ranks of every adapted layer, summed
-        share = 1 / footprint.blocks if footprint.checkpointing and footprint.blocks else 1.0  # one block at a time
+        share = kept / footprint.blocks if footprint.blocks else 1.0
         per_sample += tokens * adapter_units * share * activation_itemsize
     return per_sample

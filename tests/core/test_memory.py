@@ -9,11 +9,11 @@ from flowpost.core.models.footprint import ModelFootprint
 
 FULL = ModelFootprint(
     parameters=1000, trainable=1000, weight_bytes=2000, trainable_bytes=2000,
-    blocks=3, hidden=8, image_tokens=10, checkpointing=False,
+    blocks=3, hidden=8, image_tokens=10, checkpointed=0,
 )  # fmt: skip
 LORA = ModelFootprint(
     parameters=1100, trainable=100, weight_bytes=2400, trainable_bytes=400,
-    blocks=3, hidden=8, image_tokens=10, checkpointing=False,
+    blocks=3, hidden=8, image_tokens=10, checkpointed=0,
 )  # fmt: skip
 
 
@@ -56,10 +56,13 @@ def test_activations_grow_with_tokens_and_batch_and_shrink_with_checkpointing() 
     plain = _estimate(FULL, micro_batch=2)
     assert plain.activations == 2 * 3 * tokens * 8 * ACTIVATION_BYTES
     assert _estimate(FULL, micro_batch=2, activation_itemsize=4).activations == 2 * plain.activations
-    checkpointed = ModelFootprint(**{**FULL.__dict__, "checkpointing": True})
+    checkpointed = ModelFootprint(**{**FULL.__dict__, "checkpointed": 3})  # every block: inputs + one block
     assert _estimate(checkpointed, micro_batch=2).activations == 2 * (
         3 * tokens * 8 * 2 + tokens * 8 * ACTIVATION_BYTES
     )
+    one = ModelFootprint(**{**FULL.__dict__, "checkpointed": 1})  # the first block's input, the other two kept
+    assert _estimate(one, micro_batch=2).activations == 2 * (tokens * 8 * 2 + 2 * tokens * 8 * ACTIVATION_BYTES)
+    assert _estimate(checkpointed).activations < _estimate(one).activations < _estimate(FULL).activations
 
 
 def test_adamw8bit_roles_keep_a_byte_per_moment_value_and_a_scale_per_block() -> None:

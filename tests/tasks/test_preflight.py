@@ -61,7 +61,9 @@ def test_the_estimates_parameter_part_is_the_loaded_models(
     params = list(loaded.module().parameters())
     assert row.footprint.parameters == sum(p.numel() for p in params)
     assert row.footprint.trainable == sum(p.numel() for p in params if p.requires_grad)
-    assert (row.fine_tune == "full") == (lora is None) and row.footprint.checkpointing == (family == "wan2")
+    assert (row.fine_tune == "full") == (lora is None) and row.footprint.checkpointed == (
+        row.footprint.blocks if family == "wan2" else 0
+    )
 
 
 def test_stages_without_a_real_family_get_no_row_and_an_init_chain_finds_its_pipeline(

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from flowpost.core.models.base import ModelAdapter
+from flowpost.core.models.block_checkpointing import checkpointed_blocks
 from flowpost.core.models.compile import repeated_blocks
 from flowpost.core.models.quantize import tensor_bytes
 
@@ -23,7 +24,7 @@ class ModelFootprint:
     blocks: int  # repeated transformer blocks
     hidden: int  # attention heads x head width
     image_tokens: int  # latent tokens of one sample (frames included)
-    checkpointing: bool  # gradient checkpointing: each block's activations recomputed in backward
+    checkpointed: int  # gradient checkpointing: the blocks whose activations are recomputed in backward
 
 
 def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
@@ -40,7 +41,7 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
         blocks=len(repeated_blocks(network)),
         hidden=int(config.num_attention_heads) * int(config.attention_head_dim),
         image_tokens=image_tokens(adapter),
-        checkpointing=bool(getattr(network, "is_gradient_checkpointing", False)),
+        checkpointed=checkpointed_blocks(network),
     )
 
 

@@ -19,6 +19,7 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.io import read_json, sha256_json
 from flowpost.core.models.base import ADAPTER_FILE
+from flowpost.core.models.block_checkpointing import BlockCheckpointing
 from flowpost.core.models.lora import without_lora
 from flowpost.core.models.pipeline_prompts import PipelinePrompts
 from flowpost.core.models.pretrained import PretrainedSource
@@ -61,7 +62,7 @@ class PipelineFamily(TransformerAdapter):
         source: PretrainedSource,
         *,
         encoder_max_length: int | None = None,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: BlockCheckpointing = False,
     ) -> None:
         super().__init__(transformer)
         self.scheduler = scheduler

@@ -12,6 +12,7 @@ import torch
 
 from flowpost.core.io import write_json_atomic
 from flowpost.core.models.base import ADAPTER_FILE, LORA_BASE_DIR, LORA_DIR, ModelAdapter
+from flowpost.core.models.block_checkpointing import BlockCheckpointing, set_block_checkpointing
 from flowpost.core.models.lora import SD3_ATTENTION_TARGETS, add_lora, base_copy, has_lora, merged_copy, save_lora
 from flowpost.core.roles import ComponentVariants, RoleAdapters, Snapshots
 
@@ -63,12 +64,10 @@ class TransformerAdapter(ModelAdapter):
         base = "pretrained" if self.transformer_is_pipelines else f"{LORA_BASE_DIR}/transformer"
         self.lora = {"rank": rank, "alpha": alpha, "targets": list(targets or self.lora_targets), "base": base}
 
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        """Recompute each transformer block's activations in backward instead of storing them."""
-        if enabled:
-            self.transformer.enable_gradient_checkpointing()
-        else:
-            self.transformer.disable_gradient_checkpointing()
+    def set_gradient_checkpointing(self, setting: BlockCheckpointing) -> None:
+        """Recompute the activations of every transformer block (``True``) or of the first ``setting`` blocks in
+        backward instead of storing them."""
+        set_block_checkpointing(self.transformer, setting, where="model.options.gradient_checkpointing")
 
     def save_pretrained(self, path: str | Path) -> None:
         """LoRA, when present, is merged: ``transformer/`` is a plain diffusers transformer; ``lora/`` holds

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
+from flowpost.core.models.block_checkpointing import BlockCheckpointing
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.text_state import MaskedTextState
@@ -60,7 +61,7 @@ class Wan2Adapter(PipelineFamily):
         num_frames: int = FRAMES,
         fps: int = FPS,
         vae_tiling: bool = False,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: BlockCheckpointing = False,
         **options: Any,
     ) -> None:
         super().__init__(transformer, scheduler, source, gradient_checkpointing=gradient_checkpointing, **options)

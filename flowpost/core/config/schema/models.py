@@ -150,7 +150,8 @@ class ModelConfig(PretrainedOptions):
     pretrained: str | None = Field(None, description="a diffusers pipeline folder or hub id (real families)")
     options: FiniteOptions = Field(
         default_factory=dict,
-        description="with pretrained: the family's own options (every family: gradient_checkpointing; sd3: "
+        description="with pretrained: the family's own options (every family: gradient_checkpointing, true or the "
+        "number of blocks from the first; sd3: "
         "resolution; wan2: height, width, num_frames, fps, vae_tiling; flux1: resolution, distilled_guidance; "
         "qwen-image: resolution, cfg_norm)",
     )
