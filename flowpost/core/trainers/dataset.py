@@ -56,10 +56,16 @@ class DatasetTrainer(BaseTrainer):
     def completed_units(self) -> int:
         return self.progress.optimizer_step
 
-    def sample_indices(self, local_batch_size: int) -> list[int]:
-        """Global indices, within the current optimizer step, of this rank's micro-batch rows."""
+    def noise_address(self, local_batch_size: int) -> dict[str, Any]:
+        """The address of this rank's micro-batch rows' noise (``addressed_randn(..., **address)``): the stage's
+        seed and name, the optimizer step, and the rows' global indices within that step."""
         base = self._micro_index * self.args.batch_size + self.accelerator.process_index * local_batch_size
-        return list(range(base, base + local_batch_size))
+        return {
+            "seed": self.spec.seed,
+            "stage": self.stage,
+            "step": self.progress.optimizer_step,
+            "indices": list(range(base, base + local_batch_size)),
+        }
 
     def clean_latents(self, batch: dict[str, Any], arm: str) -> torch.Tensor:
         """The clean latents of the batch's ``arm`` (``image``, ``chosen``, ``rejected``) on the device: the

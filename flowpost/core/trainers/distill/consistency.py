@@ -85,12 +85,7 @@ class ConsistencyTrainer(DatasetTrainer):
         args, device = self.args, self.accelerator.device
         x0 = self.adapter.encode_output_state(batch["image"].to(device))
         n = x0.shape[0]
-        address = {
-            "seed": self.spec.seed,
-            "stage": self.stage,
-            "step": self.progress.optimizer_step,
-            "indices": self.sample_indices(n),
-        }
+        address = self.noise_address(n)
         noise = addressed_randn(x0.shape[1:], purpose="noise", **address).to(device, x0.dtype)
         steps = args.teacher_steps
         index = (addressed_rand((), purpose="grid-step", **address) * steps).long().clamp(max=steps - 1)

@@ -77,12 +77,7 @@ class KDTrainer(DatasetTrainer):
                 where=f"stages.{self.stage}.data.dataset",
             ) from None
         n = trajectory.shape[0]
-        address = {
-            "seed": self.spec.seed,
-            "stage": self.stage,
-            "step": self.progress.optimizer_step,
-            "indices": self.sample_indices(n),
-        }
+        address = self.noise_address(n)
         index = (addressed_rand((), purpose="trajectory-step", **address) * steps).long().clamp(max=steps - 1)
         rows = torch.arange(n)
         state = trajectory[rows.to(device), index.to(device)]

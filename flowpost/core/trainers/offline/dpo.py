@@ -71,12 +71,7 @@ class OfflineDPOTrainer(DatasetTrainer):
         device, args = self.accelerator.device, self.args
         chosen = self.clean_latents(batch, "chosen")
         rejected = self.clean_latents(batch, "rejected")
-        address = {
-            "seed": self.spec.seed,
-            "stage": self.stage,
-            "step": self.progress.optimizer_step,
-            "indices": self.sample_indices(chosen.shape[0]),
-        }
+        address = self.noise_address(chosen.shape[0])
         noise = addressed_randn(chosen.shape[1:], purpose="dpo-noise", **address).to(device, chosen.dtype)
         normals = addressed_randn((), purpose="dpo-sigma", **address)
         sigma = logit_normal_sigmas(normals, mean=args.logit_mean, std=args.logit_std, shift=self.adapter.shift)

@@ -78,12 +78,7 @@ class SFTTrainer(DatasetTrainer):
         device = self.accelerator.device
         x0 = self.clean_latents(batch, "image")
         n = x0.shape[0]
-        address = {
-            "seed": self.spec.seed,
-            "stage": self.stage,
-            "step": self.progress.optimizer_step,
-            "indices": self.sample_indices(n),
-        }
+        address = self.noise_address(n)
         noise = addressed_randn(x0.shape[1:], purpose="noise", **address).to(device, x0.dtype)
         normals = addressed_randn((), purpose="sigma", **address)
         dropped = addressed_rand((), purpose="cfg-dropout", **address) < self.args.cfg_dropout
