@@ -6,7 +6,8 @@ is read).
 
 Each row is a GRPO stage with bf16 weights and bf16 autocast, one training sample per GPU without CFG,
 ``kl_beta`` 0.04 (a reference snapshot), no EMA; one GPU replicated (ddp), eight sharded (fsdp2). A LoRA stage
-over an int8 base (``model.quantize``) trains in one process only, so it has no eight-GPU figure.
+over an int8 base (``model.quantize``) trains in one process only, so it has no eight-GPU figure; the row with every
+memory option adds 8-bit AdamW moments and gradient checkpointing of every block.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {  # family -> (shap
 FINE_TUNES: dict[str, dict[str, Any]] = {  # stage suffix -> model.lora and model.quantize
     "lora": {"lora": {"rank": 32}},
     "lora-int8": {"lora": {"rank": 32}, "quantize": "int8"},
+    "lora-int8-8bit": {"lora": {"rank": 32}, "quantize": "int8"},  # with adamw8bit and every block checkpointed
     "full": {"lora": None},
 }
+SMALLEST = "lora-int8-8bit"
 
 
 def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
@@ -49,12 +52,24 @@ def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
         for suffix, fine_tune in FINE_TUNES.items():
             if gpus > 1 and "quantize" in fine_tune:
                 continue
+            smallest = suffix == SMALLEST
             stages[f"{key}-{suffix}"] = {
                 "trainer": "grpo",
-                "model": {**source, "torch_dtype": "bfloat16", "options": options, **fine_tune},
+                "model": {
+                    **source,
+                    "torch_dtype": "bfloat16",
+                    "options": {**options, "gradient_checkpointing": True} if smallest else options,
+                    **fine_tune,
+                },
                 "data": {"dataset": "prompts", "conditions": key},
                 "rewards": [{"name": "jpeg_compressibility"}],
-                "train": {"iterations": 1, "prompts_per_iteration": gpus, "group_size": 2, "train_batch_size": gpus},
+                "train": {
+                    "iterations": 1,
+                    "prompts_per_iteration": gpus,
+                    "group_size": 2,
+                    "train_batch_size": gpus,
+                    **({"optimizer": "adamw8bit"} if smallest else {}),
+                },
                 "launch": {"num_processes": gpus, "backend": "fsdp2" if gpus > 1 else "ddp", "mixed_precision": "bf16"},
             }
     return {
@@ -84,8 +99,11 @@ def table() -> str:
         at_eight = (
             f"{stage_estimate(eight, row.stage, row.footprint).total / GIB:.1f}" if row.stage in eight.stages else "-"
         )
+        fine_tune = row.fine_tune + (
+            ", checkpointed" if row.stage.endswith(SMALLEST) and "checkpointed" not in label else ""
+        )
         lines.append(
-            f"| {label} | {row.fine_tune} | {params_text(row.footprint.trainable)} | "
+            f"| {label} | {fine_tune} | {params_text(row.footprint.trainable)} | "
             f"{params_text(row.footprint.parameters - (row.footprint.trainable if row.fine_tune != 'full' else 0))} | "
             f"{row.estimate.total / GIB:.1f} | {at_eight} |"
         )

@@ -37,7 +37,7 @@ class StageMemory:
 
     stage: str
     family: str
-    fine_tune: str  # "LoRA r32", "LoRA r32, int8 base" or "full"
+    fine_tune: str  # "LoRA r32", "full", with the memory options in force: ", int8 base", ", adamw8bit"
     world_size: int
     footprint: ModelFootprint | None = None
     estimate: MemoryEstimate | None = None
@@ -54,6 +54,7 @@ def stage_memory(config: PipelineConfig) -> list[StageMemory]:
         lora, quantize = stage.model.lora, stage.model.quantize
         fine_tune = f"LoRA r{lora.rank}" if lora is not None else "full"
         fine_tune += f", {quantize} base" if quantize != "none" else ""
+        fine_tune += ", adamw8bit" if eight_bit_roles(stage) else ""
         world = stage.launch.num_processes
         try:
             footprint = stage_footprint(stage, model)
