@@ -78,6 +78,15 @@ def write_report(
             "same prompts and noise; the difference is the stage minus the base, with its 95 % interval over the "
             "paired samples (a metric scoring each sample) or seeds.",
         ]
+    categories = [
+        f"| {stage} | {key} | {category} | {value:.4g} |"
+        for stage, m in metrics.items()
+        for key, means in m.get("per_category", {}).items()
+        for category, value in means.items()
+    ]
+    if categories:
+        lines += ["", "## Per prompt category", "", "| stage | metric | category | mean |", "|" + " --- |" * 4]
+        lines += categories
     if guards:
         lines += ["", "## Guards", "", *(f"- {describe_guard(stage, o)}" for stage, o in guards.items())]
     if any(GAP in m for m in metrics.values()):

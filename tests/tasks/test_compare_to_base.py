@@ -16,6 +16,7 @@ import yaml
 from flowpost.core.config.loading import pipeline_to_dict, validate_pipeline
 from flowpost.core.evaluation.paired import Scores, compare_with_base, per_category
 from flowpost.tasks.base_model import base_params, base_stage
+from flowpost.tasks.dvc import dvc_stages
 from flowpost.tasks.graph import build_nodes, fingerprints
 from flowpost.tasks.runner import PipelineRun
 
@@ -54,6 +55,9 @@ def test_off_it_is_left_out_of_the_params_and_the_fingerprints(tiny_pipeline) ->
     node = next(n for n in build_nodes(pipelines[2]) if n.id == "eval.sft")
     assert node.config["base"] == base_params(pipelines[2], "sft")
     assert node.config["base"]["family"] == "tiny-sd3" and node.config["base"]["transformer"]
+    params = [dvc_stages(p)["stages"]["eval.sft"]["params"] for p in (pipelines[0], pipelines[2])]
+    assert not any(key.startswith("stages.sft.model") for key in params[0])
+    assert {"stages.sft.model.family", "stages.sft.model.transformer"} <= set(params[1])  # dvc reruns it too
 
 
 def test_the_base_is_what_the_first_stage_of_the_init_chain_starts_from(tiny_pipeline) -> None:

@@ -85,5 +85,7 @@ def test_a_scheduled_pipeline_is_promoted_when_pickscore_holds_and_held_when_it_
     )
     tolerated = night(worse, tolerance=gap * 1.01)  # a fall within the tolerance is no regression
     assert tolerated["promoted"], tolerated
+    report = (workspace / "report.md").read_text()
+    assert f"| sft | {GATE} | counting |" in report  # the per-category means
     promoted = json.loads((workspace / "promoted.json").read_text())
     assert promoted["metrics"][GATE] == scores[worse]
