@@ -104,7 +104,7 @@ def _run(config: dict[str, Any], workspace: Path) -> PipelineRun:
     return run
 
 
-@pytest.mark.slow  # two tiny folder pipelines end to end, one evaluation rerun: about 40 s
+@pytest.mark.slow  # two tiny folder pipelines end to end, one evaluation rerun: about a minute on 2 cores
 def test_a_run_writes_the_base_values_and_paired_differences_exactly_reproducibly(tiny_pipeline, tmp_path) -> None:
     run = _run(_folder_pipeline(tiny_pipeline), tmp_path / "trained")
     result = json.loads((run.path("eval.sft") / "metrics.json").read_text())
