@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
+from diffusers import SD3Transformer2DModel
 
 from flowpost.core.config.loading import pipeline_to_dict, validate_pipeline
 from flowpost.core.evaluation.paired import Scores, compare_with_base, per_category
-from flowpost.tasks.base_model import base_params, base_stage
+from flowpost.core.models.sd3 import SD3Adapter
+from flowpost.tasks.base_model import base_params, base_stage, load_base_model
 from flowpost.tasks.dvc import dvc_stages
 from flowpost.tasks.graph import build_nodes, fingerprints
 from flowpost.tasks.runner import PipelineRun
@@ -130,3 +133,22 @@ def test_a_run_writes_the_base_values_and_paired_differences_exactly_reproducibl
     result = json.loads((still.path("eval.sft") / "metrics.json").read_text())
     assert {key: entry["difference"] for key, entry in result["vs_base"].items()} == {STATISTIC: 0.0, REWARD: 0.0}
     assert result["base"] == {key: result[key] for key in (STATISTIC, REWARD)}
+
+
+def test_a_pretrained_base_is_its_pipeline_without_the_stages_lora(tiny_pipeline, sd3_pipeline_dir) -> None:
+    from pretrained_stage import with_model
+
+    config = with_model(tiny_pipeline, {"family": "sd3", "pretrained": str(sd3_pipeline_dir), "lora": {"rank": 2}})
+    config["evaluate"]["compare_to_base"] = True
+    pipeline = validate_pipeline(config)
+    assert base_params(pipeline, "sft") == {
+        "family": "sd3",
+        "pretrained": str(sd3_pipeline_dir),
+        "shift": 1.0,
+        "transformer": {},
+    }
+    base = load_base_model(pipeline, "sft")
+    assert isinstance(base, SD3Adapter) and base.lora is None
+    shipped = SD3Transformer2DModel.from_pretrained(sd3_pipeline_dir / "transformer").state_dict()
+    loaded = base.module().state_dict()
+    assert set(loaded) == set(shipped) and all(torch.equal(loaded[k], shipped[k].to(loaded[k].dtype)) for k in shipped)
