@@ -21,6 +21,7 @@ from flowpost.core.callbacks.grad_clip import GradClipCallback
 from flowpost.core.callbacks.tracking import RunIdentity, TrackingCallback
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema.evaluation import GuardConfig
+from flowpost.core.config.schema.models import ModelConfig
 from flowpost.core.config.schema.rewards import RewardConfig
 from flowpost.core.config.schema.stages import CallbacksConfig, StageConfig
 from flowpost.core.distributed import leave_process_group
@@ -163,14 +164,7 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
     if spec.init_from is not None:
         adapter = load_adapter(spec.init_from)
     else:
-        cls = adapter_class(model.family, where=f"stages.{spec.stage}.model.family")
-        if model.pretrained is not None:
-            source = PretrainedSource(
-                model.pretrained, model.revision, model.variant, model.torch_dtype, model.components or {}
-            )
-            adapter = pipeline_adapter(cls, source, model.options, where=f"stages.{spec.stage}")
-        else:
-            adapter = cls.from_scratch(seed=spec.seed, shift=model.shift, overrides=model.transformer)
+        adapter = starting_adapter(model, seed=spec.seed, where=f"stages.{spec.stage}")
     encoder = spec.extra.get("encoder") or {}
     encoder_at = f"stages.{spec.stage}.data.conditions"
     if not same_encoder(encoder.get("name", adapter.encoder_name), adapter.encoder_name, where=encoder_at):
@@ -197,6 +191,18 @@ def build_adapter(stage: StageConfig, spec: StageSpec) -> ModelAdapter:
         where = f"stages.{spec.stage}.model.compile"
         adapter.compile_networks(regional=model.compile.regional, options=model.compile.options(), where=where)
     return adapter
+
+
+def starting_adapter(model: ModelConfig, *, seed: int, where: str) -> ModelAdapter:
+    """What a stage that starts from no stage starts from: the ``model.pretrained`` pipeline, or a fresh model of
+    ``model.family`` drawn from ``seed``."""
+    cls = adapter_class(model.family, where=f"{where}.model.family")
+    if model.pretrained is not None:
+        source = PretrainedSource(
+            model.pretrained, model.revision, model.variant, model.torch_dtype, model.components or {}
+        )
+        return pipeline_adapter(cls, source, model.options, where=where)
+    return cls.from_scratch(seed=seed, shift=model.shift, overrides=model.transformer)
 
 
 def pipeline_adapter(cls: type[ModelAdapter], source: PretrainedSource, options: dict, *, where: str) -> ModelAdapter:

@@ -6,7 +6,9 @@ record's metadata. Files are read line by line as UTF-8 (a byte-order mark is dr
 than tab and line breaks are removed from prompts and counted. A ``label`` is an integer class label, as a scorer
 reading labels (e.g. ``digit_adherence``) takes it (decimal text in a CSV cell is read as its integer); anything
 else is refused. A row with ``include`` (or ``exclude``) holds GenEval's checks, read as ``geneval`` reads them
-(``tag``, ``include``, ``exclude``): a malformed one is refused. A folder contributes its files in name order,
+(``tag``, ``include``, ``exclude``): a malformed one is refused. A CSV in DrawBench's published layout (columns
+``Prompts`` and ``Category``, no ``prompt``) gives each row's ``Prompts`` as its prompt and ``Category`` as its
+``category``. A folder contributes its files in name order,
 subfolders included; a prompt seen twice must carry the same metadata both times.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from flowpost.core.labels import integer_label
 from flowpost.core.rewards.geneval_metadata import parse_geneval
@@ -24,6 +26,8 @@ from flowpost.data.records import PromptRecord
 from flowpost.errors import FlowpostError
 
 SUFFIXES = (".txt", ".jsonl", ".csv", ".parquet")
+DRAWBENCH_PROMPT, DRAWBENCH_CATEGORY = "Prompts", "Category"  # DrawBench's published CSV columns
+CATEGORY = "category"  # the metadata field a DrawBench row's category becomes
 CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0 and C1 but tab, \n and \r
 
 
@@ -53,10 +57,12 @@ def prompt_files_fingerprint(path: str | Path, *, where: str) -> str:
 
 
 class PromptSet(NamedTuple):
-    """The prompts read, each once in file order, and how many control characters were removed from them."""
+    """The prompts read, each once in file order, how many control characters were removed from them, and where
+    each record was first read (``FILE:LINE``, in the order of ``records``)."""
 
     records: list[PromptRecord]
     control_characters_removed: int
+    places: list[str]
 
 
 def read_prompt_files(path: str | Path, *, where: str) -> PromptSet:
@@ -78,13 +84,15 @@ def read_prompt_files(path: str | Path, *, where: str) -> PromptSet:
                 )
     if not records:
         raise FlowpostError(f"{path}: no prompts found", where=where)
-    return PromptSet(list(records.values()), removed)
+    return PromptSet(list(records.values()), removed, [seen_at[prompt] for prompt in records])
 
 
 def _record(row: PromptRow) -> tuple[PromptRecord, int]:
     """The row as a record (a non-empty prompt without control characters, a ``label``, when given, read as an
     integer, and GenEval checks, when given, well formed) and the count of control characters removed."""
     metadata = dict(row.fields)
+    if "prompt" not in metadata and DRAWBENCH_PROMPT in metadata:
+        metadata = _drawbench(metadata, where=row.where)
     if "prompt" not in metadata:
         fields = ", ".join(map(str, metadata)) or "none"
         raise FlowpostError(f"this row has no 'prompt' field (its fields: {fields}); add one", where=row.where)
@@ -115,3 +123,19 @@ def _record(row: PromptRow) -> tuple[PromptRecord, int]:
                 where=row.where,
             ) from None
     return PromptRecord(prompt.strip(), metadata), removed
+
+
+def _drawbench(fields: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """A DrawBench row (``Prompts``, ``Category``, any other columns) with ``prompt`` and ``category`` fields."""
+    fields = dict(fields)
+    prompt = fields.pop(DRAWBENCH_PROMPT)
+    if DRAWBENCH_CATEGORY in fields:
+        category = fields.pop(DRAWBENCH_CATEGORY)
+        if not isinstance(category, str) or not category.strip():
+            raise FlowpostError(
+                f"'{DRAWBENCH_CATEGORY}' is blank; DrawBench rows give each prompt's category: write it, or drop "
+                "the column",
+                where=where,
+            )
+        fields[CATEGORY] = category.strip()
+    return {"prompt": prompt, **fields}

@@ -96,7 +96,7 @@ class HfDatasetSource(CaptionedMediaSource):
 
 def acquire_prompt_files(config: PromptFilesDataset, out_dir: Path, *, where: str) -> dict[str, Any]:
     """Copy the prompts (with their metadata) to ``prompts.jsonl`` and list them in the manifest."""
-    records, removed = read_prompt_files(config.path, where=f"{where}.path")
+    records, removed, _ = read_prompt_files(config.path, where=f"{where}.path")
     if removed:
         log.warning("removed %d control characters from the prompts of %s", removed, config.path)
     lines = [json.dumps({"prompt": r.prompt, "metadata": r.metadata}, sort_keys=True) for r in records]

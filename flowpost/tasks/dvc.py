@@ -32,6 +32,7 @@ from flowpost.core.io import file_errors_reported, write_bytes_atomic
 from flowpost.core.models.pretrained import is_hub_id
 from flowpost.data.captioned import source_dependencies
 from flowpost.errors import FlowpostError
+from flowpost.tasks.base_model import base_params, base_stage
 from flowpost.tasks.code_scope import installed_code
 from flowpost.tasks.curve import CURVE_FILE
 from flowpost.tasks.graph import (
@@ -65,7 +66,11 @@ def _params(node: Node, pipeline: PipelineConfig) -> list[str]:
     if node.kind is NodeKind.TRAIN:
         return [*common, *fingerprinted_keys(f"stages.{node.key}", pipeline.stages[node.key])]
     if node.kind is NodeKind.EVAL:
-        return [*common, *fingerprinted_keys("evaluate", pipeline.evaluate), f"stages.{node.key}.rewards"]
+        base = []
+        if pipeline.evaluate.compare_to_base:  # the model fields its base model is made from
+            first = base_stage(pipeline, node.key)
+            base = [f"stages.{first}.model.{key}" for key in base_params(pipeline, node.key)]
+        return [*common, *fingerprinted_keys("evaluate", pipeline.evaluate), f"stages.{node.key}.rewards", *base]
     if node.kind is NodeKind.EXPORT and pipeline.export is not None:
         return [*common, *fingerprinted_keys("export", pipeline.export), "evaluate.weights"]
     if node.kind is NodeKind.PROMOTE:

@@ -7,11 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema.evaluation import EvaluateConfig
 from flowpost.core.config.schema.rewards import RewardConfig
 from flowpost.core.evaluation.grid import save_grid
 from flowpost.core.evaluation.intervals import summarize
+from flowpost.core.evaluation.paired import Scores, compare_with_base, per_category, sample_category
 from flowpost.core.evaluation.plan import EvalPlan, generate
 from flowpost.core.evaluation.registry import build_metric, metric_metadata_fields
 from flowpost.core.evaluation.samples import EvalSamples, Metric
@@ -44,6 +47,7 @@ def evaluate_stage(
     seed: int,
     smoke: bool = False,
     counter: Counter = "optimizer_step",
+    base: ModelAdapter | None = None,
 ) -> dict[str, Any]:
     """Write ``metrics.json`` and ``grid.png`` for one stage; return the metrics.
 
@@ -51,6 +55,9 @@ def evaluate_stage(
     interval and ``per_seed`` the values of each. A stage trained on ``rewards`` also gets their
     weighted sum on the samples (``trained_reward``) and its gap to the headline metric. With
     ``evaluate.every`` the checkpoints at its multiples of ``counter`` are scored too, into ``curve.json``.
+    A metric scored sample by sample (a reward) on prompts with a category (``category``, ``tag``) gets its
+    mean per category (``per_category``). With a ``base`` model (``evaluate.compare_to_base``) the same
+    samples are drawn from it: ``base`` holds its values, ``vs_base`` each difference and its interval.
     """
     assert config.metrics is not None  # the schema fills in or requires them
     weights_dir, weights = stage_weights(train_dir, config.weights)
@@ -72,9 +79,12 @@ def evaluate_stage(
     negative = load_conditions(conditions_dir, [NULL_PROMPT], encoder_fingerprint=encoder_fingerprint)
     samples_per_seed = min(config.samples, SMOKE_SAMPLES) if smoke else config.samples
 
-    def score(model: ModelAdapter, grid: Path | None = None) -> list[dict[str, Any]]:
-        """One row per noise seed: each metric (and the trained reward) on ``model``'s samples."""
+    def score(model: ModelAdapter, grid: Path | None = None) -> Scores:
+        """One row per noise seed: each metric (and the trained reward) on ``model``'s samples; the scores of
+        each sample of the metrics that score samples one by one."""
         per_seed: list[dict[str, Any]] = []
+        per_sample: dict[str, list[float]] = {}
+        categories: list[str | None] = []
         for noise_seed in config.noise_seeds():
             plan = EvalPlan(
                 prompts=split.prompts,
@@ -91,19 +101,27 @@ def evaluate_stage(
                 metadata=[split.metadata[r] for r in rows],
                 reference=split.reference,
             )
-            values = {key: metric(samples) for key, metric in metrics.items()}
-            if trained:
-                values[TRAINED_REWARD] = sum(weight * metric(samples) for metric, weight in trained)
+            values, each = _values(samples, metrics, trained)
+            for key, scores in each.items():
+                per_sample.setdefault(key, []).extend(scores)
+            categories += [sample_category(meta) for meta in samples.metadata]
             per_seed.append({"seed": noise_seed, **values})
             if grid is not None and len(per_seed) == 1:
                 shown, columns = _grid(samples)
                 save_grid(samples.images[shown], grid, nrow=columns)
-        return per_seed
+        return Scores(per_seed, per_sample, categories)
 
     headline = config.metrics[0].result_key
-    per_seed = score(adapter, out_dir / "grid.png")
+    scored = score(adapter, out_dir / "grid.png")
+    per_seed = scored.per_seed
     result = _summary(per_seed, headline=headline)
     final = _means(result)  # the curve's last row
+    if by_category := per_category(scored):
+        result["per_category"] = by_category
+    if base is not None:
+        comparison = compare_with_base(scored, score(base))
+        result["base"] = {key: entry.pop("base") for key, entry in comparison.items()}
+        result["vs_base"] = comparison
     progress = read_json(train_dir / "final" / "progress.json", what="stage progress")
     result |= {
         "metrics": list(metrics),
@@ -128,7 +146,7 @@ def evaluate_stage(
             due,
             weights=weights,
             final={"step": result["step"], **final},
-            score=lambda model: _means(_summary(score(model), headline=headline)),
+            score=lambda model: _means(_summary(score(model).per_seed, headline=headline)),
         )
         result["curve"] = str(write_curve(out_dir, curve))
     write_json_atomic(out_dir / "metrics.json", result)
@@ -155,6 +173,32 @@ def evaluation_prompts(dataset_dir: Path) -> EvalSplit:
         return read_eval_split(dataset_dir, where="evaluate.dataset")
     pairs = read_prompt_set(dataset_dir)
     return EvalSplit([prompt for prompt, _ in pairs], [metadata for _, metadata in pairs], None)
+
+
+def _values(
+    samples: EvalSamples, metrics: dict[str, Metric], trained: list[tuple[Metric, float]]
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each metric's value (and the trained reward's) on ``samples``, and the scores of each sample of those
+    that score samples one by one (rewards; the trained reward when all its terms do)."""
+    values: dict[str, float] = {}
+    each: dict[str, list[float]] = {}
+    for key, metric in metrics.items():
+        if (per_sample := _sample_scores(metric, samples)) is not None:
+            values[key], each[key] = float(per_sample.mean()), per_sample.tolist()
+        else:
+            values[key] = metric(samples)
+    if trained:
+        terms = [(weight, _sample_scores(metric, samples), metric) for metric, weight in trained]
+        values[TRAINED_REWARD] = sum(w * (float(s.mean()) if s is not None else m(samples)) for w, s, m in terms)
+        if all(s is not None for _, s, _ in terms):
+            each[TRAINED_REWARD] = sum(w * s.double() for w, s, _ in terms).tolist()
+    return values, each
+
+
+def _sample_scores(metric: Metric, samples: EvalSamples) -> Tensor | None:
+    """The metric's score of each sample, or None for a metric that scores the set as a whole."""
+    scores = getattr(metric, "scores", None)
+    return scores(samples) if callable(scores) else None
 
 
 def _means(summary: dict[str, Any]) -> dict[str, float]:

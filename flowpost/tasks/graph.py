@@ -11,6 +11,7 @@ from flowpost.core.config.schema.datasets import DatasetConfig, SampledPairsData
 from flowpost.core.config.schema.fingerprints import fingerprinted
 from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.io import sha256_json
+from flowpost.tasks.base_model import base_params
 from flowpost.tasks.code_scope import PackageCode, installed_code
 
 
@@ -111,13 +112,14 @@ def build_nodes(pipeline: PipelineConfig) -> list[Node]:
             f"acquire.{p.evaluate.dataset}",
             f"conditions.{p.evaluate.conditions}",
         ]
+        base = {"base": base_params(p, name)} if p.evaluate.compare_to_base else {}
         nodes.append(
             Node(
                 f"eval.{name}",
                 NodeKind.EVAL,
                 name,
                 tuple(deps),
-                {**common, **evaluate, "rewards": rewards},
+                {**common, **evaluate, "rewards": rewards, **base},
             )
         )
     if p.export is not None:

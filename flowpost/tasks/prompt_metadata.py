@@ -1,4 +1,5 @@
-"""Before anything runs: the prompt files a reward or metric reads metadata from hold that metadata in every row."""
+"""Before anything runs: the prompt files a reward or metric scores are well formed, every row holds the metadata
+it reads, and every prompt is one it can score (``ocr``: a prompt quoting the text to render)."""
 
 from __future__ import annotations
 
@@ -7,31 +8,49 @@ from pathlib import Path
 
 from flowpost.core.config.schema.datasets import PromptFilesDataset
 from flowpost.core.config.schema.pipeline import PipelineConfig
-from flowpost.core.evaluation.registry import metric_metadata_fields
+from flowpost.core.evaluation.registry import metric_class, metric_metadata_fields
 from flowpost.core.rewards.metadata_fields import check_metadata_fields
-from flowpost.data.prompt_files import read_prompt_files
+from flowpost.data.prompt_files import PromptSet, read_prompt_files
 from flowpost.errors import FlowpostError
 
 
 def prompt_metadata_problems(pipeline: PipelineConfig) -> list[str]:
-    """``where: message`` for each reward or metric whose prompt-files dataset has a row without a metadata
-    field it reads (``metadata_fields``), or a malformed row; a path that does not exist yet is left to the
-    dataset's acquisition."""
-    problems = []
+    """``where: message`` for each malformed row (named by its file and line), each reward or metric whose
+    prompt-files dataset has a row without a metadata field it reads (``metadata_fields``), and each prompt a
+    scorer's ``prompt_problem`` refuses (named by its file and line); a path that does not exist yet is left to
+    the dataset's acquisition."""
+    problems: list[str] = []
+    read: dict[str, PromptSet | None] = {}
     for name, dataset_name, where in _scorers(pipeline):
         dataset = pipeline.datasets.get(dataset_name)
         if not isinstance(dataset, PromptFilesDataset) or not Path(dataset.path).exists():
             continue
-        if not (fields := metric_metadata_fields(name, where=where)):
-            continue
         try:
-            records = read_prompt_files(dataset.path, where=f"datasets.{dataset_name}.path").records
-            rows = ((record.prompt, record.metadata) for record in records)
-            check_metadata_fields(name, fields, rows, dataset=dataset_name, where=where)
-        except FlowpostError as exc:  # a missing field, or a malformed row named by its file and line
+            if dataset_name not in read:
+                read[dataset_name] = None
+                read[dataset_name] = read_prompt_files(dataset.path, where=f"datasets.{dataset_name}.path")
+            if (prompts := read[dataset_name]) is None:
+                continue  # its malformed row is reported already
+            rows = ((record.prompt, record.metadata) for record in prompts.records)
+            check_metadata_fields(
+                name, metric_metadata_fields(name, where=where), rows, dataset=dataset_name, where=where
+            )
+            _check_prompts(name, prompts, where=where)
+        except FlowpostError as exc:
             if str(exc) not in problems:
                 problems.append(str(exc))
     return problems
+
+
+def _check_prompts(name: str, prompts: PromptSet, *, where: str) -> None:
+    """Refuse the first prompt the scorer ``name`` declares unscorable (its class's ``prompt_problem``), naming
+    the scorer's entry and the prompt's file and line."""
+    problem_of = getattr(metric_class(name, where=where), "prompt_problem", None)
+    if problem_of is None:
+        return
+    for record, place in zip(prompts.records, prompts.places, strict=True):
+        if problem := problem_of(record.prompt):
+            raise FlowpostError(f"{place}: {problem} (prompt {record.prompt!r})", where=where)
 
 
 def _scorers(pipeline: PipelineConfig) -> Iterator[tuple[str, str, str]]:

@@ -18,6 +18,8 @@ from flowpost.tasks.promote import DECISION_FILE
 RUN_FIELDS = ("n_samples", "step", "weights", "seed", "smoke")
 GAP_FIELDS = (TRAINED_REWARD, GAP)
 GUARD_FIELDS = ("fired", "checks", "at", "at_iteration", "ended_with", "ended_with_iteration")  # in metrics.json
+CARRIED = ("intervals", "per_category", "base", "vs_base")  # an evaluation's fields the report keeps when present
+NOT_COLUMNS = (*RUN_FIELDS, *CARRIED, "guard", "cost")  # a stage's fields that are no metric column
 
 
 def write_report(
@@ -32,7 +34,8 @@ def write_report(
     directions: dict[str, Better] | None = None,
 ) -> dict[str, Any]:
     """``{stage: {<each metric>, [trained_reward, reward_judge_gap], n_samples, step, weights, seed, smoke,
-    [intervals], [guard: {fired, checks, at, ended_with (steps)}], [cost: {...}]}}`` to each out dir
+    [intervals], [per_category], [base, vs_base], [guard: {fired, checks, at, ended_with (steps)}], [cost: {...}]}}``
+    to each out dir
     (``cost``: the stage's cost ledger from ``train_dirs``, stage -> training folder, with its reward gain:
     ``flowpost.tasks.cost``); report.md adds the table comparing the stages' costs, what the guards of
     ``guard_dirs`` (stage -> training folder) decided, each stage's checkpoint curve (``evaluate.every``),
@@ -45,8 +48,7 @@ def write_report(
         result = read_json(directory / "metrics.json", what=f"evaluation of stage {stage}")
         keys = [*result["metrics"], *(k for k in GAP_FIELDS if k in result), *RUN_FIELDS]
         metrics[stage] = {key: result[key] for key in keys}
-        if "intervals" in result:
-            metrics[stage]["intervals"] = result["intervals"]
+        metrics[stage] |= {key: result[key] for key in CARRIED if key in result}
         headlines[stage] = result["headline"]
     records = {stage: read_guard_record(directory) for stage, directory in (guard_dirs or {}).items()}
     guards = {stage: guard_outcome(record) for stage, record in records.items() if record is not None}
@@ -70,6 +72,26 @@ def write_report(
             "the ranks), and the peak memory (the maximum over ranks). `reward_gained` is the stage's "
             f"`{REWARD}` minus the stage's above it; `s_per_reward_gained` its wall seconds per unit gained.",
         ]
+    if compared := _base_table(metrics):
+        lines += [
+            "",
+            "## Against the base model",
+            "",
+            *compared,
+            "",
+            "Each stage and its base model (what the first stage of its init chain starts from) sampled with the "
+            "same prompts and noise; the difference is the stage minus the base, with its 95 % interval over the "
+            "paired samples (a metric scoring each sample) or seeds.",
+        ]
+    categories = [
+        f"| {stage} | {key} | {category} | {value:.4g} |"
+        for stage, m in metrics.items()
+        for key, means in m.get("per_category", {}).items()
+        for category, value in means.items()
+    ]
+    if categories:
+        lines += ["", "## Per prompt category", "", "| stage | metric | category | mean |", "|" + " --- |" * 4]
+        lines += categories
     if guards:
         lines += ["", "## Guards", "", *(f"- {describe_guard(stage, o)}" for stage, o in guards.items())]
     if any(GAP in m for m in metrics.values()):
@@ -107,7 +129,7 @@ def _table(metrics: dict[str, Any]) -> list[str]:
     """One row per stage, one column per metric any stage reports (headline first)."""
     columns: list[str] = []
     for m in metrics.values():
-        columns += [key for key in m if key not in (*RUN_FIELDS, "intervals", "guard", "cost") and key not in columns]
+        columns += [key for key in m if key not in NOT_COLUMNS and key not in columns]
     header = ["stage", *columns, "samples", "step", "weights", "smoke"]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for stage, m in metrics.items():
@@ -118,6 +140,24 @@ def _table(metrics: dict[str, Any]) -> list[str]:
             + " |"
         )
     return lines
+
+
+def _base_table(metrics: dict[str, Any]) -> list[str]:
+    """One row per evaluated stage and metric compared with its base model; none without comparisons."""
+    rows = [
+        f"| {stage} | {key} | {m['base'][key]:.4g} | {m[key]:.4g} | {_difference(entry)} | {entry['paired']} |"
+        for stage, m in metrics.items()
+        for key, entry in m.get("vs_base", {}).items()
+    ]
+    if not rows:
+        return []
+    return ["| stage | metric | base | stage value | difference [95 %] | paired over |", "|" + " --- |" * 6, *rows]
+
+
+def _difference(entry: dict[str, Any]) -> str:
+    text = f"{entry['difference']:+.4g}"
+    interval = entry.get("interval")
+    return f"{text} [{interval[0]:+.4g}, {interval[1]:+.4g}]" if interval else text
 
 
 def _curve_table(curve: list[dict[str, Any]]) -> list[str]:

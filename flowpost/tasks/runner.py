@@ -48,6 +48,7 @@ from flowpost.data.prompt_files import prompt_files_fingerprint
 from flowpost.data.sources.registry import source_for
 from flowpost.errors import FlowpostError
 from flowpost.tasks.acquire import acquire_dataset
+from flowpost.tasks.base_model import load_base_model
 from flowpost.tasks.conditions import cache_conditions, encoder_fingerprint
 from flowpost.tasks.cost import read_cost
 from flowpost.tasks.curve import budget_counter
@@ -377,6 +378,7 @@ def _eval(call: NodeCall) -> dict[str, Any]:
         seed=p.seed,
         smoke=p.smoke,
         counter=budget_counter(p.stages[call.node.key]),
+        base=load_base_model(p, call.node.key) if p.evaluate.compare_to_base else None,
     )
 
 

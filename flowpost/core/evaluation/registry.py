@@ -74,9 +74,14 @@ def metric_parameters(name: str, *, where: str) -> list[str]:
     return list(inspect.signature(_registry(name, where).load(name, where=where)).parameters)
 
 
+def metric_class(name: str, *, where: str) -> type:
+    """The class the metric (or reward) ``name`` is built from."""
+    return _registry(name, where).load(name, where=where)
+
+
 def metric_metadata_fields(name: str, *, where: str) -> tuple[str, ...]:
     """The prompt metadata fields the metric (or reward) ``name`` reads (``metadata_fields``)."""
-    return metadata_fields(_registry(name, where).load(name, where=where))
+    return metadata_fields(metric_class(name, where=where))
 
 
 def metric_reads_reference(name: str, *, where: str) -> bool:

@@ -1,4 +1,4 @@
-"""Any reward scorer as a metric: the mean of its scores over the samples."""
+"""Any reward scorer as a metric: the mean of its scores over the samples, which it also gives one by one."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ class RewardMetric:
         self.name = reward.name
 
     def __call__(self, samples: EvalSamples) -> float:
+        return float(self.scores(samples).mean())
+
+    def scores(self, samples: EvalSamples) -> torch.Tensor:
+        """Each sample's score [N], checked to be one finite number per sample."""
         scores = self.reward(samples.images, samples.prompts, samples.metadata)
         count = samples.images.shape[0]
         if not isinstance(scores, torch.Tensor) or scores.shape != (count,):
@@ -24,4 +28,4 @@ class RewardMetric:
             raise FlowpostError(f"reward {self.name!r} returned {shape}, expected ({count},) scores")
         if not bool(torch.isfinite(scores).all()):
             raise FlowpostError(f"reward {self.name!r} returned non-finite scores")
-        return float(scores.mean())
+        return scores

@@ -37,7 +37,9 @@ class EvalSamples:
 
 class Metric(Protocol):
     """Scores a set of samples with one number. A class may declare ``better`` (:data:`Better`): the direction
-    gates and guards take for it when their config leaves it out."""
+    gates and guards take for it when their config leaves it out. One that also gives each sample's score
+    (``scores(samples) -> Tensor [N]``, whose mean is its number; every reward does) gets per-category means
+    and is compared with the base model sample by sample."""
 
     name: str
 

@@ -123,6 +123,13 @@ class OcrReward:
                 ", ".join(available),
             )
 
+    @staticmethod
+    def prompt_problem(prompt: str) -> str | None:
+        """Why ``prompt`` cannot be scored (it quotes no text to render), or None."""
+        if normalise_text(quoted_text(prompt)):
+            return None
+        return "ocr scores the text in double quotes of each prompt, and this one has none; quote the text to render"
+
     def read(self, image: np.ndarray) -> str:
         """The text read from one uint8 image [H, W] or [H, W, 3] (RGB), its lines joined top to bottom."""
         pixels = image if image.ndim == 2 else np.ascontiguousarray(image[..., ::-1])  # RapidOCR reads BGR arrays

@@ -12,7 +12,7 @@ from flowpost.core.evaluation.samples import Better
 
 # what an evaluation's metrics.json holds besides the metrics
 RESULT_FIELDS = """trained_reward reward_judge_gap intervals per_seed metrics headline n_samples samples_per_seed
-weights seed eval_seed eval_seeds smoke steps guidance stage step grid curve""".split()
+weights seed eval_seed eval_seeds smoke steps guidance stage step grid curve per_category base vs_base""".split()
 
 
 class MetricConfig(OmittingModel):
@@ -91,9 +91,10 @@ class GuardConfig(OmittingModel):
 class EvaluateConfig(OmittingModel):
     """Evaluation of stage checkpoints on a dataset's held-out prompts: the held-out split of the digits or of
     an image dataset (``split.eval``), or every prompt of a prompt-files dataset no stage trains on. ``every``
-    is left out of the params while unset, so pipelines without curves keep their fingerprints."""
+    is left out of the params while unset, and ``compare_to_base`` while off, so pipelines without them keep
+    their fingerprints."""
 
-    OMITTED_AT_DEFAULT = ("every",)
+    OMITTED_AT_DEFAULT = ("every", "compare_to_base")
 
     after: list[str] = Field(default_factory=list)
     dataset: str | None = Field(
@@ -124,6 +125,12 @@ class EvaluateConfig(OmittingModel):
         description="budget units between scored checkpoints (a multiple of each evaluated stage's "
         "train.checkpoint_every): eval.<stage>/curve.json, one row per checkpoint and the final weights; "
         "null: the final weights only",
+    )
+    compare_to_base: bool = Field(
+        False,
+        description="also sample each evaluated stage's base model (what the first stage of its model.init chain "
+        "starts from: the family's pretrained pipeline or its seeded fresh model) with the same prompts and noise: "
+        "per metric the base's value, the paired difference and its 95 % interval",
     )
 
     @field_validator("seeds")
