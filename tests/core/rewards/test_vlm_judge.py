@@ -20,7 +20,9 @@ from tiny_vlm import build_tiny_vlm
 
 from flowpost.core.evaluation.registry import build_metric, metric_problem
 from flowpost.core.evaluation.samples import EvalSamples
+from flowpost.core.rewards.base import compares_groups
 from flowpost.core.rewards.combine import WeightedRewards
+from flowpost.core.rewards.frames import FrameSelection
 from flowpost.core.rewards.registry import build_reward
 from flowpost.errors import FlowpostError, TransientError
 
@@ -209,3 +211,14 @@ def test_transformers_serve_answers_the_score_judge_and_yes_prob_says_it_sends_n
             _judge(model=vlm, url=url)(media, PROMPTS, metadata)
     finally:
         _stop(process)
+
+
+def test_a_pairwise_judge_on_sampled_frames_compares_the_same_frame_of_each_clip(vlm: str) -> None:
+    judge = _judge("vlm_pairwise_judge", model=vlm)
+    selected = FrameSelection(judge, frames="sampled", sampled_frames=2, where=WHERE)
+    clips = torch.rand(3, 3, 4, 16, 16, generator=torch.Generator().manual_seed(1))
+    prompts, metadata = ["a red cat"] * 3, [{"group_id": 0}] * 3
+    scores = selected(clips, prompts, metadata)
+    first, last = judge(clips[:, :, 0], prompts, metadata), judge(clips[:, :, 3], prompts, metadata)
+    torch.testing.assert_close(scores, (first + last) / 2)
+    assert compares_groups(selected) and float(scores.sum()) == pytest.approx(1.5)
