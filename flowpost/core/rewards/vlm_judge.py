@@ -55,6 +55,12 @@ class _Judge:
             top_logprobs=top_logprobs,
             pairwise=self.pairwise,
         )
+        server = {"timeout": timeout != 60.0, "retries": retries != 3, "backoff": backoff != 0.5}
+        server |= {"concurrency": concurrency != 8, "token_env": token_env is not None}
+        local = {"processor": processor is not None, "device": device is not None, "dtype": dtype != "float32"}
+        if unused := [option for option, given in (local if url is not None else server).items() if given]:
+            where = "a server's judge" if url is not None else "a judge in this process (no url)"
+            raise FlowpostError(f"{unused[0]} does not apply to {where}", where=f"options.{unused[0]}")
         self.backend: ChatEndpoint | LocalVlm
         if url is not None:
             self.backend = ChatEndpoint(
