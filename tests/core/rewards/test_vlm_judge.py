@@ -70,11 +70,18 @@ class Served:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def servers(vlm: str) -> Iterator[dict[str, Served]]:
-    """The chat server, and one answering its first two requests with HTTP 503."""
+def servers(request: pytest.FixtureRequest, vlm: str) -> Iterator[dict[str, Served]]:
+    """The chat server, and one answering its first two requests with HTTP 503, started with the module when
+    a selected test of it asks for one."""
+    chosen = [item for item in request.session.items if item.module is request.module]
+    commands = {
+        "server": [sys.executable, str(SERVER), vlm],
+        "failing_server": [sys.executable, str(SERVER), vlm, "--fail-first", "2"],
+    }
     started = {
-        "plain": Served([sys.executable, str(SERVER), vlm]),
-        "failing": Served([sys.executable, str(SERVER), vlm, "--fail-first", "2"]),
+        name: Served(command)
+        for name, command in commands.items()
+        if any(name in item.fixturenames for item in chosen)  # type: ignore[attr-defined]
     }
     yield started
     for served in started.values():
@@ -83,7 +90,12 @@ def servers(vlm: str) -> Iterator[dict[str, Served]]:
 
 @pytest.fixture(scope="module")
 def server(servers: dict[str, Served]) -> str:
-    return servers["plain"].url()
+    return servers["server"].url()
+
+
+@pytest.fixture(scope="module")
+def failing_server(servers: dict[str, Served]) -> str:
+    return servers["failing_server"].url()
 
 
 def _free_port() -> int:
@@ -204,8 +216,8 @@ def test_the_judge_is_an_evaluation_metric(vlm: str, server: str) -> None:
     assert metric(samples) == pytest.approx(float(expected), abs=1e-5)
 
 
-def test_a_failing_server_is_retried(servers: dict[str, Served]) -> None:
-    url = servers["failing"].url()  # two 503s, then answers
+def test_a_failing_server_is_retried(failing_server: str) -> None:
+    url = failing_server  # two 503s, then answers
     with pytest.raises(TransientError, match=r"failed 1 attempts .* HTTP 503 .*warming up"):
         _judge(model="tiny", url=url, retries=0)(_media(1), PROMPTS[:1], [{}])
     scores = _judge(model="tiny", url=url, retries=1, backoff=0.01)(_media(1), PROMPTS[:1], [{}])
@@ -226,13 +238,13 @@ def test_transformers_serve_answers_the_score_judge_and_yes_prob_says_it_sends_n
     serve = Path(sys.executable).with_name("transformers")
     port = _free_port()
     command = [str(serve), "serve", vlm, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    served = Served(command, port)
+    transformers_serve = Served(command, port)
     try:
-        url = served.url()
+        url = transformers_serve.url()
         media, metadata = _media(), [{}] * len(PROMPTS)
-        served = _judge(model=vlm, url=url, mode="score")(media, PROMPTS, metadata)
-        torch.testing.assert_close(served, _judge(model=vlm, mode="score")(media, PROMPTS, metadata))
+        scores = _judge(model=vlm, url=url, mode="score")(media, PROMPTS, metadata)
+        torch.testing.assert_close(scores, _judge(model=vlm, mode="score")(media, PROMPTS, metadata))
         with pytest.raises(FlowpostError, match="answered without logprobs; mode yes_prob needs"):
             _judge(model=vlm, url=url)(media, PROMPTS, metadata)
     finally:
-        served.stop()
+        transformers_serve.stop()
