@@ -20,12 +20,14 @@ class _Judge:
     """The options both judges share: with ``url``, the OpenAI-compatible server there (``model`` is the name
     it serves); without, ``model`` (a local folder or hub id) runs in this process through transformers."""
 
+    name: str
     pairwise = False
 
     def __init__(
         self,
         model: str,
         *,
+        name: str | None = None,
         url: str | None = None,
         question: str | None = None,
         mode: str = "yes_prob",
@@ -45,6 +47,10 @@ class _Judge:
     ) -> None:
         if not isinstance(model, str) or not model:
             raise FlowpostError(f"model must be a served model name or a folder, got {model!r}", where="options.model")
+        if name is not None:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise FlowpostError(f"name must be a word such as judge_style, got {name!r}", where="options.name")
+            self.name = name  # two judges in one stage, each logged under its own name
         self.question: Question = build_question(
             question=question,
             mode=mode,
@@ -115,6 +121,7 @@ class VlmPairwiseJudge(_Judge):
         model: str,
         *,
         wins: str = "probability",
+        name: str | None = None,
         url: str | None = None,
         question: str | None = None,
         mode: str = "yes_prob",

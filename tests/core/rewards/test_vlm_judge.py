@@ -110,8 +110,8 @@ def _media(count: int = len(PROMPTS)) -> torch.Tensor:
     return media
 
 
-def _judge(name: str = "vlm_judge", **options: Any) -> Any:
-    return build_reward(name, options=options, where=WHERE)
+def _judge(reward: str = "vlm_judge", **options: Any) -> Any:
+    return build_reward(reward, options=options, where=WHERE)
 
 
 @pytest.mark.parametrize(
@@ -128,6 +128,7 @@ def _judge(name: str = "vlm_judge", **options: Any) -> Any:
         ({"url": "http://127.0.0.1:1/v1", "token_env": "FLOWPOST_NO_SUCH_TOKEN"}, "token_env", "is not set"),
         ({"model": "/no/such/folder"}, "model", "no model folder"),
         ({"retries": 5}, "retries", "does not apply to a judge in this process"),
+        ({"name": "my judge"}, "name", "must be a word"),
         ({"url": "http://127.0.0.1:1/v1", "dtype": "bfloat16"}, "dtype", "does not apply to a server's judge"),
     ],
 )
@@ -138,11 +139,13 @@ def test_bad_options_name_their_path(vlm: str, options: dict[str, Any], where: s
         _judge("vlm_pairwise_judge", model=vlm, wins="most")
 
 
-def test_a_question_template_reaches_the_model(vlm: str) -> None:
+def test_a_question_template_reaches_the_model_and_two_judges_share_a_stage(vlm: str) -> None:
     media = _media(2)
-    default = _judge(model=vlm)(media, PROMPTS[:2], [{}, {}])
-    asked = _judge(model=vlm, question='Is "{prompt}" shown here? yes or no')(media, PROMPTS[:2], [{}, {}])
-    assert not torch.equal(default, asked)
+    default = _judge(model=vlm)
+    asked = _judge(model=vlm, name="vlm_shown", question='Is "{prompt}" shown here? yes or no')
+    output = WeightedRewards([(default, 1.0), (asked, 1.0)], where="stages.grpo.rewards")(media, PROMPTS[:2], [{}, {}])
+    assert list(output.components) == ["vlm_judge", "vlm_shown"]
+    assert not torch.equal(output.components["vlm_judge"], output.components["vlm_shown"])
 
 
 def test_a_pairwise_judge_needs_group_ids_and_is_no_metric(vlm: str) -> None:
