@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowpost.core.lazy import import_object
 from flowpost.core.plugins import Entry, Registry, is_path
+from flowpost.core.rewards.base import compares_groups
 from flowpost.core.rewards.metadata_fields import metadata_fields
 from flowpost.core.rewards.registry import REWARD_REGISTRY
 from flowpost.errors import FlowpostError
@@ -31,6 +32,10 @@ METRIC_REGISTRY = Registry(
     group="flowpost.metrics",
     builtins=METRICS,
     base="flowpost.core.evaluation.samples:Metric",
+)
+_GROUPS = (
+    "reward {name!r} compares the samples of a rollout group with each other, and evaluation samples form no "
+    "groups; score it in an online RL stage, or evaluate with a pointwise reward (e.g. vlm_judge)"
 )
 ASSETS = "assets_dir"  # the option a metric or reward reading its dataset's assets/ gets from the evaluation dataset
 
@@ -64,6 +69,8 @@ def metric_problem(name: str, *, where: str) -> str | None:
     """Why ``name`` cannot be scored as a metric (``where: message``), or None (see ``Registry.problem``)."""
     try:
         registry = _registry(name, where)
+        if registry is REWARD_REGISTRY and compares_groups(registry.load(name, where=where)):
+            raise FlowpostError(_GROUPS.format(name=name), where=where)
     except FlowpostError as exc:
         return str(exc)
     return registry.problem(name, where=where)
@@ -119,6 +126,8 @@ def build_metric(name: str, *, options: dict[str, Any], where: str, assets_dir: 
             )
         options[ASSETS] = assets_dir
     registry = _registry(name, where)
+    if registry is REWARD_REGISTRY and compares_groups(registry.load(name, where=where)):
+        raise FlowpostError(_GROUPS.format(name=name), where=where)
     if registry is REWARD_REGISTRY:
         return RewardMetric(registry.build(name, options=options, where=where))
     return registry.build(name, options=options, where=where)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowpost.core.rewards.base import Reward
+from flowpost.core.rewards.base import Reward, compares_groups
 from flowpost.errors import FlowpostError
 
 
@@ -47,6 +47,11 @@ class WeightedRewards:
             seen.add(reward.name)
         self.components = [(reward, float(weight)) for reward, weight in components]
         self.where = where
+
+    @property
+    def compares_groups(self) -> bool:
+        """Whether a component compares the samples of a group: then a call must hold whole groups."""
+        return any(compares_groups(reward) for reward, _ in self.components)
 
     @property
     def weights(self) -> dict[str, float]:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from flowpost.core.rewards.base import Reward
+from flowpost.core.rewards.base import Reward, compares_groups
 from flowpost.errors import FlowpostError
 
 FrameChoice = Literal["first", "sampled", "clip"]
@@ -27,7 +27,8 @@ class FrameSelection:
     ``clip`` hands the whole video to a reward that scores clips.
 
     Images ``[B, C, H, W]`` go to ``reward`` unchanged; a video with no ``frames`` chosen is an error naming
-    ``where`` (the reward's config entry).
+    ``where`` (the reward's config entry). A reward comparing groups (``compares = "group"``) stays one: it
+    scores each sampled frame across the batch, so only the same frame of a group's clips is compared.
     """
 
     def __init__(
@@ -38,6 +39,8 @@ class FrameSelection:
         self.frames = frames
         self.sampled_frames = sampled_frames or SAMPLED_FRAMES
         self.where = where
+        if compares_groups(reward):
+            self.compares = "group"
 
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
         if media.ndim != 5 or self.frames == "clip":
@@ -52,6 +55,9 @@ class FrameSelection:
             return self.reward(media[:, :, 0], prompts, metadata)
         batch, channels, length, height, width = media.shape
         chosen = sampled_frame_indices(length, self.sampled_frames)
+        if compares_groups(self.reward):
+            per_frame = [torch.as_tensor(self.reward(media[:, :, f], prompts, metadata)) for f in chosen]
+            return torch.stack(per_frame).mean(dim=0)
         frames = media[:, :, chosen].transpose(1, 2).reshape(batch * len(chosen), channels, height, width)
         repeat = len(chosen)
         scores = self.reward(

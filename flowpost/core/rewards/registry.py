@@ -22,6 +22,8 @@ REWARDS: dict[str, str] = {
     "ocr": "flowpost.core.rewards.ocr:OcrReward",
     "pickscore": "flowpost.core.rewards.clip:PickScore",
     "remote": "flowpost.core.rewards.remote:RemoteReward",
+    "vlm_judge": "flowpost.core.rewards.vlm_judge:VlmJudge",
+    "vlm_pairwise_judge": "flowpost.core.rewards.vlm_judge:VlmPairwiseJudge",
 }
 REWARD_REGISTRY = Registry(
     "reward", plural="rewards", group="flowpost.rewards", builtins=REWARDS, base="flowpost.core.rewards.base:Reward"

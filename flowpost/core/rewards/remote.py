@@ -8,6 +8,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
@@ -40,10 +41,29 @@ def encode_images(media: Tensor, image_format: str = "png") -> list[str]:
     return encoded
 
 
-def _without_secrets(url: str) -> str:
+def without_secrets(url: str) -> str:
     """``url`` without credentials, query or fragment: safe to print."""
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
+def checked_url(url: str, *, where: str) -> str:
+    """``url`` without secrets (``without_secrets``) once it is an http(s) address with a host and no
+    credentials; otherwise an error naming ``where``."""
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FlowpostError(
+            f"remote reward url must be http(s)://HOST[:PORT]/PATH, got scheme {parts and parts.scheme!r} "
+            f"and host {parts and parts.hostname!r}",
+            where=where,
+        )
+    if parts.username is not None or parts.password is not None:
+        raise FlowpostError(
+            "remote reward url must not contain credentials; put a token in an environment variable "
+            "and name it with token_env",
+            where=where,
+        )
+    return without_secrets(url)
 
 
 def _json_value(value: Any) -> Any:
@@ -61,6 +81,54 @@ def _error_detail(body: bytes) -> str:
     except json.JSONDecodeError:
         return text[:200]
     return str(answer["error"])[:200] if isinstance(answer, dict) and "error" in answer else text[:200]
+
+
+def send_with_retries(
+    client: httpx.Client,
+    url: str,
+    body: bytes | None,
+    *,
+    headers: dict[str, str],
+    retries: int,
+    backoff: float,
+    where: str,
+    redact: Callable[[str], str] = str,
+) -> bytes:
+    """POST ``body`` to ``url`` (GET when None); the raw answer of the first success.
+
+    Connection errors, timeouts and HTTP 5xx are retried ``retries`` times, sleeping ``backoff * 2**attempt``
+    seconds before each retry (then a ``TransientError``); 4xx answers and redirects are errors at once.
+    ``redact`` masks secrets in the server's text before it reaches an error.
+    """
+    last_error = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        try:
+            if body is None:
+                response = client.get(url, headers=headers)
+            else:
+                response = client.post(url, content=body, headers=headers)
+        except httpx.TransportError as exc:
+            last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            continue
+        if response.is_redirect:
+            target = without_secrets(urljoin(url, response.headers.get("Location", "")))
+            raise FlowpostError(
+                f"reward server redirected (HTTP {response.status_code}) to {target}; redirects are not "
+                "followed for scoring: set the reward's url to the address that answers",
+                where=where,
+            )
+        if response.is_success:
+            return response.content
+        detail = redact(_error_detail(response.content))
+        status = f"HTTP {response.status_code} {response.reason_phrase}: {detail}"
+        if response.status_code < 500:
+            raise FlowpostError(f"reward server answered {status}", where=where)
+        last_error = status
+    raise TransientError(
+        f"reward server failed {retries + 1} attempts (1 + {retries} retries); last error: {last_error}", where=where
+    )
 
 
 class RemoteReward:
@@ -86,20 +154,7 @@ class RemoteReward:
         image_format: str = "png",
         version: str | None = None,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FlowpostError(
-                f"remote reward url must be http(s)://HOST[:PORT]/PATH, got scheme {parts.scheme!r} "
-                f"and host {parts.hostname!r}",
-                where="rewards",
-            )
-        if parts.username is not None or parts.password is not None:
-            raise FlowpostError(
-                "remote reward url must not contain credentials; put a token in an environment variable "
-                "and name it with token_env",
-                where="rewards",
-            )
-        self.where = _without_secrets(url)
+        self.where = checked_url(url, where="rewards")
         if image_format not in IMAGE_FORMATS:
             raise FlowpostError(
                 f"image_format must be one of {', '.join(IMAGE_FORMATS)}, got {image_format!r}", where=self.where
@@ -162,40 +217,20 @@ class RemoteReward:
         return str(version) if version is not None else "unversioned"
 
     def _send(self, url: str, body: bytes | None) -> bytes:
-        """POST ``body`` (GET when None) with retries and exponential backoff; the raw answer."""
+        """POST ``body`` (GET when None) with this reward's token, retries and backoff; the raw answer."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         token = self._token()
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        last_error = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                if body is None:
-                    response = self._client().get(url, headers=headers)
-                else:
-                    response = self._client().post(url, content=body, headers=headers)
-            except httpx.TransportError as exc:
-                last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                continue
-            if response.is_redirect:
-                target = _without_secrets(urljoin(url, response.headers.get("Location", "")))
-                raise FlowpostError(
-                    f"reward server redirected (HTTP {response.status_code}) to {target}; redirects are not "
-                    "followed for scoring: set the reward's url to the address that answers",
-                    where=self.where,
-                )
-            if response.is_success:
-                return response.content
-            detail = self._redacted(_error_detail(response.content))
-            status = f"HTTP {response.status_code} {response.reason_phrase}: {detail}"
-            if response.status_code < 500:
-                raise FlowpostError(f"reward server answered {status}", where=self.where)
-            last_error = status
-        raise TransientError(
-            f"reward server failed {self.retries + 1} attempts (1 + {self.retries} retries); last error: {last_error}",
+        return send_with_retries(
+            self._client(),
+            url,
+            body,
+            headers=headers,
+            retries=self.retries,
+            backoff=self.backoff,
             where=self.where,
+            redact=self._redacted,
         )
 
     def _client(self) -> httpx.Client:

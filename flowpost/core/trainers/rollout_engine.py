@@ -23,6 +23,7 @@ from flowpost.core.sampling.checks import check_sde_steps
 from flowpost.core.trainers.reward_overlap import OverlappedScoring
 from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
+from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
     from flowpost.core.models.base import ModelAdapter
@@ -67,6 +68,12 @@ class RolloutEngine:
         coupled = type(self.args).paradigm is Paradigm.COUPLED
         check_sde_steps(sigmas, self.sampling, stage=self.stage, needs_noise=coupled)
         if self.args.overlap_rewards and self.rewards is not None:
+            if self.rewards.compares_groups:
+                raise FlowpostError(
+                    "overlap_rewards scores each forward batch as it is sampled, and a reward of this stage "
+                    "compares whole groups; set overlap_rewards: false",
+                    where=f"stages.{self.stage}.train.overlap_rewards",
+                )
             self.overlap = OverlappedScoring(self._score_part, self.accelerator.device)
 
     def forward_batches(self, rows: int) -> list[range]:
@@ -183,8 +190,12 @@ class RolloutEngine:
         if self.rewards is None:
             raise TypeError("score() needs rewards; this stage has none")
         output = self.overlap.collect(rollout.final) if self.overlap is not None else None
-        if output is None:  # scored here, forward batch by forward batch as the overlap would
-            parts = [slice(rows.start, rows.stop) for rows in self.forward_batches(len(rollout))]
+        parts = [slice(rows.start, rows.stop) for rows in self.forward_batches(len(rollout))]
+        if output is None and self.rewards.compares_groups:  # whole groups at once, decoded batch by batch
+            self._check_whole_groups(rollout.group_ids)
+            media = torch.cat([self.adapter.decode(rollout.final[p]).cpu() for p in parts])
+            output = self.rewards(media, rollout.prompts, rollout.metadata)
+        elif output is None:  # scored here, forward batch by forward batch as the overlap would
             output = RewardOutput.cat(
                 [self._score_part(rollout.final[p], rollout.prompts[p], rollout.metadata[p]) for p in parts]
             )
@@ -204,6 +215,17 @@ class RolloutEngine:
             steering = reward_correlations(gathered.components, groups, advantages)
             metrics |= {f"advantage/{name}_corr": value for name, value in steering.items()}
         return metrics
+
+    def _check_whole_groups(self, group_ids: Tensor) -> None:
+        """Refuse a rank holding part of a group: a reward comparing groups sees this rank's samples only."""
+        sizes = torch.unique(group_ids, return_counts=True)[1]
+        if bool((sizes != self.args.group_size).any()):
+            raise FlowpostError(
+                f"a reward of this stage compares whole groups, and {self.accelerator.num_processes} processes "
+                f"split some of the {self.args.prompts_per_iteration} groups; make prompts_per_iteration a "
+                "multiple of the number of processes",
+                where=f"stages.{self.stage}.train.prompts_per_iteration",
+            )
 
     def _score_part(self, final: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
         """The rewards of one forward batch's final samples (decoded, on the host)."""
