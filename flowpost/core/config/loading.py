@@ -524,6 +524,7 @@ def _stage_problems(
 ) -> list[str]:
     """What a stage lacks for its trainer's contract, or names that no registry knows."""
     from flowpost.core.models.registry import FAMILY_REGISTRY
+    from flowpost.core.rewards.base import compares_groups
     from flowpost.core.rewards.registry import REWARD_REGISTRY
 
     problems = []
@@ -547,6 +548,11 @@ def _stage_problems(
     for i, reward in enumerate(stage.rewards):
         if problem := REWARD_REGISTRY.problem(reward.name, where=f"stages.{name}.rewards.{i}.name"):
             problems.append(problem)
+        elif stage.train.get("overlap_rewards") and compares_groups(REWARD_REGISTRY.load(reward.name, where=name)):
+            problems.append(
+                f"stages.{name}.train.overlap_rewards: scores each forward batch as it is sampled, and reward "
+                f"{reward.name!r} (stages.{name}.rewards.{i}) compares whole groups; set overlap_rewards: false"
+            )
     processes = stage.launch.num_processes
     for key in ("batch_size", "rollout_batch_size", "train_batch_size"):
         size = stage.train.get(key)

@@ -18,6 +18,7 @@ import pytest
 import torch
 from tiny_vlm import build_tiny_vlm
 
+from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
 from flowpost.core.evaluation.registry import build_metric, metric_problem
 from flowpost.core.evaluation.samples import EvalSamples
 from flowpost.core.rewards.base import compares_groups
@@ -251,3 +252,16 @@ def test_transformers_serve_answers_the_score_judge_and_yes_prob_says_it_sends_n
             _judge(model=vlm, url=url)(media, PROMPTS, metadata)
     finally:
         transformers_serve.stop()
+
+
+def test_validation_refuses_overlapped_scoring_with_a_reward_comparing_groups() -> None:
+    pipeline = pipeline_to_dict(load_pipeline(None))
+    grpo = pipeline["stages"]["grpo"]
+    grpo["rewards"] = [{"name": "digit_adherence"}, {"name": "vlm_pairwise_judge", "options": {"model": "unused"}}]
+    grpo["train"]["overlap_rewards"] = True
+    with pytest.raises(FlowpostError) as info:
+        validate_pipeline(pipeline)
+    assert "stages.grpo.train.overlap_rewards: " in str(info.value)
+    assert "'vlm_pairwise_judge' (stages.grpo.rewards.1) compares whole groups" in str(info.value)
+    grpo["train"]["overlap_rewards"] = False
+    validate_pipeline(pipeline)
