@@ -1,4 +1,4 @@
-"""GRPO trains on the preference rewards: one tiny-sd3 iteration each with hpsv2 and with imagereward."""
+"""GRPO trains on the preference rewards: one tiny-sd3 iteration each with hpsv2, imagereward and aesthetic."""
 
 from __future__ import annotations
 
@@ -6,16 +6,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_clip import PROJECTION, build_tiny_clip
 from tiny_image_reward import build_tiny_image_reward
 from tiny_open_clip import build_tiny_open_clip
 
 from flowpost.core.events import read_events
+from flowpost.core.rewards.aesthetic import aesthetic_mlp
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
 
 SMALL = {"prompts_per_iteration": 2, "group_size": 4, "rollout_batch_size": 8, "train_batch_size": 4}
 
 
 def _reward_options(name: str, folder: Path) -> dict[str, str]:
+    if name == "aesthetic":  # a tiny random CLIP and random predictor weights under the released file's keys
+        folder.mkdir(parents=True)
+        torch.manual_seed(1)
+        state = {f"layers.{key}": value for key, value in aesthetic_mlp(PROJECTION).state_dict().items()}
+        torch.save(state, folder / "aesthetic.pth")
+        return {"weights": str(folder / "aesthetic.pth"), "model": str(build_tiny_clip(folder / "clip"))}
     if name == "hpsv2":
         files = build_tiny_open_clip(folder)
         return {
@@ -27,7 +35,7 @@ def _reward_options(name: str, folder: Path) -> dict[str, str]:
     return {"checkpoint": str(files["checkpoint"]), "tokenizer": str(files["tokenizer"])}
 
 
-@pytest.mark.parametrize("name", ["hpsv2", "imagereward"])
+@pytest.mark.parametrize("name", ["hpsv2", "imagereward", "aesthetic"])
 def test_one_grpo_iteration_on_the_reward(make_trainer, tmp_path: Path, name: str) -> None:
     rewards = [{"name": name, "options": _reward_options(name, tmp_path / "reward")}]
     trainer = make_trainer(
