@@ -12,8 +12,8 @@ import torch
 from pretrained_stage import RGB_FOLDER
 from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
-from tiny_z_image_pipeline import load_z_image_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
+from tiny_z_image_pipeline import load_z_image_adapter
 
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.loading import validate_pipeline
