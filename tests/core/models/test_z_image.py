@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 import torch
+from pretrained_stage import with_model
 from tiny_z_image_pipeline import MAX_LENGTH, RESOLUTION, TEXT_WIDTH, load_z_image_adapter
 
+from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.models.text_state import MaskedTextState
 from flowpost.core.models.z_image import ZImageAdapter
@@ -130,14 +132,14 @@ def test_cfg_normalization_caps_each_samples_norm(z_image_pipeline_dir: Path) ->
     torch.testing.assert_close(capped / norms[2].view(-1, 1, 1, 1), plain / norms[1].view(-1, 1, 1, 1))
 
 
-@pytest.mark.parametrize(("value", "message"), [(-1.0, "is negative"), ("yes", "is not a number")])
-def test_a_bad_cfg_normalization_is_refused_naming_the_option(z_image_pipeline_dir: Path, value, message) -> None:
-    from flowpost.core.models.pretrained import PretrainedSource
-    from flowpost.core.models.registry import adapter_class
-
-    with pytest.raises(FlowpostError, match=message) as refused:
-        adapter_class("z-image").from_pipeline(PretrainedSource(str(z_image_pipeline_dir)), cfg_normalization=value)
-    assert refused.value.where == "model.options.cfg_normalization"
+@pytest.mark.parametrize(("value", "message"), [(-1.0, "cfg_normalization -1.0 is negative"), ("yes", "a number")])
+def test_validate_refuses_a_bad_cfg_normalization_naming_its_path(
+    tiny_pipeline, z_image_pipeline_dir: Path, value: Any, message: str
+) -> None:
+    options = {"resolution": RESOLUTION, "cfg_normalization": value}
+    model = {"family": "z-image", "pretrained": str(z_image_pipeline_dir), "options": options}
+    with pytest.raises(FlowpostError, match=rf"stages\.sft\.model\.options\.cfg_normalization: .*{message}"):
+        validate_pipeline(with_model(tiny_pipeline, model))
 
 
 def test_vae_latents_are_the_flux_vaes_shifted_and_scaled(adapter: ZImageAdapter) -> None:
