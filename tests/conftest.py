@@ -97,6 +97,14 @@ def qwen_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def z_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Z-Image diffusers pipeline folder (``tests/tiny_z_image_pipeline.py``)."""
+    from tiny_z_image_pipeline import build_tiny_z_image_pipeline
+
+    return build_tiny_z_image_pipeline(tmp_path_factory.mktemp("z-image") / "pipeline")
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 

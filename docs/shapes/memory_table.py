@@ -26,6 +26,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {  # family -> (shap
     "sd3": ("sd3.5-medium", "SD3.5-Medium, 1024 px", {}, 256),
     "flux1": ("flux1-dev", "FLUX.1-dev, 512 px", {"resolution": 512}, 512),
     "qwen-image": ("qwen-image", "Qwen-Image, 512 px", {"resolution": 512}, 256),
+    "z-image": ("z-image-turbo", "Z-Image-Turbo, 512 px", {"resolution": 512}, 512),
     "wan2": (
         "wan2.1-t2v-1.3b",
         "Wan2.1-T2V-1.3B, 480x832x33, checkpointed",

@@ -1,9 +1,10 @@
-"""Shape-faithful pipeline folders: the published configs of five real checkpoints (``docs/shapes/``), built
+"""Shape-faithful pipeline folders: the published configs of six real checkpoints (``docs/shapes/``), built
 locally with random bf16 weights, one block of each block kind, one text-encoder layer and tokenizers trained
 here.
 
 The builder applies the only shrinks (``docs/shapes/SOURCES.md``): transformer ``num_layers`` /
-``num_single_layers`` to 1 (SD3.5-Medium's ``dual_attention_layers`` keep block 0), text-encoder layer
+``num_single_layers`` to 1 (Z-Image's ``n_layers`` / ``n_refiner_layers`` too; SD3.5-Medium's
+``dual_attention_layers`` keep block 0), text-encoder layer
 counts to 1 (Qwen2.5-VL's vision tower too), ``vocab_size`` to the local tokenizer's, and the special-token
 ids a text-encoder config names to the same tokens' ids in that tokenizer. Nothing is downloaded.
 """
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from tiny_qwen_image_pipeline import qwen_tokenizer
 from tiny_sd3_pipeline import clip_tokenizer, t5_tokenizer
+from tiny_z_image_pipeline import z_image_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "docs" / "shapes"
 DTYPE = torch.bfloat16  # what the published checkpoints are run in
@@ -40,6 +42,7 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "qwen-image": Checkpoint("Qwen/Qwen-Image", "qwen-image", 3072),
     "wan2.1-t2v-1.3b": Checkpoint("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan2", 1536),
     "wan2.2-ti2v-5b": Checkpoint("Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan2", 3072),
+    "z-image-turbo": Checkpoint("Tongyi-MAI/Z-Image-Turbo", "z-image", 3840),
 }
 SPECIAL_TOKENS: dict[str, dict[str, str]] = {  # per text-encoder model_type: the token each id field names
     "clip_text_model": {
@@ -48,6 +51,7 @@ SPECIAL_TOKENS: dict[str, dict[str, str]] = {  # per text-encoder model_type: th
         "pad_token_id": "<|endoftext|>",
     },
     "qwen2_5_vl": {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"},
+    "qwen3": {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"},
 }
 
 
@@ -62,9 +66,9 @@ def published(checkpoint: str, component: str) -> dict[str, Any]:
 def transformer_config(checkpoint: str) -> dict[str, Any]:
     """The published transformer config with one block of each kind."""
     config = published(checkpoint, "transformer")
-    config["num_layers"] = 1
-    if "num_single_layers" in config:
-        config["num_single_layers"] = 1
+    for key in ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers"):
+        if key in config:
+            config[key] = 1
     if "dual_attention_layers" in config:
         config["dual_attention_layers"] = [i for i in config["dual_attention_layers"] if i < 1]
     return config
@@ -89,6 +93,8 @@ def tokenizers(checkpoint: str) -> dict[str, Any]:
     family = CHECKPOINTS[checkpoint].family
     if family == "qwen-image":
         return {"tokenizer": qwen_tokenizer()}
+    if family == "z-image":
+        return {"tokenizer": z_image_tokenizer()}
     t5 = t5_tokenizer()
     t5.model_max_length = T5_LENGTH
     if family == "wan2":

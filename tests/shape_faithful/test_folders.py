@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from flowpost.core.models.footprint import attention_width
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
 from flowpost.stage import pipeline_adapter
@@ -25,6 +26,7 @@ FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small la
     "flux1": {"resolution": 128},
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
+    "z-image": {"resolution": 128},
 }
 
 
@@ -65,9 +67,8 @@ def test_the_family_adapter_loads_it_at_the_published_size(
     source = PretrainedSource(str(shape_folder(checkpoint)), torch_dtype="bfloat16")
     adapter = pipeline_adapter(adapter_class(spec.family), source, FAMILY_OPTIONS[spec.family], where="stages.shape")
     config, expected = adapter.transformer.config, published(checkpoint, "transformer")
-    heads, head_dim = expected["num_attention_heads"], expected["attention_head_dim"]
-    assert (config.num_attention_heads, config.attention_head_dim) == (heads, head_dim)
-    assert heads * head_dim == spec.width
+    heads = "num_attention_heads" if "num_attention_heads" in expected else "n_heads"  # Z-Image: n_heads, dim
+    assert config[heads] == expected[heads] and attention_width(config) == attention_width(expected) == spec.width
     to_q = next(module for name, module in adapter.transformer.named_modules() if name.endswith(".to_q"))
     assert tuple(to_q.weight.shape) == (spec.width, spec.width) and to_q.weight.dtype == torch.bfloat16
 

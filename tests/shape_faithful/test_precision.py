@@ -18,6 +18,7 @@ import torch
 from flowpost.core.config.schema import StageConfig
 from flowpost.core.diagnostics import check_consistency
 from flowpost.core.io import write_json_atomic
+from flowpost.core.models.footprint import attention_width
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.sampling.checks import sde_step_problems
@@ -39,9 +40,16 @@ OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 
     "flux1": {"resolution": 128},
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
+    "z-image": {"resolution": 128},
 }
-MEDIA = {"sd3": (3, 128, 128), "flux1": (3, 128, 128), "qwen-image": (3, 128, 128), "wan2": (3, FRAMES, SIDE, SIDE)}
-DEFAULT_STEPS = {"sd3": 28, "flux1": 28, "qwen-image": 50, "wan2": 50}  # the stock pipelines' num_inference_steps
+MEDIA = {
+    "sd3": (3, 128, 128),
+    "flux1": (3, 128, 128),
+    "qwen-image": (3, 128, 128),
+    "wan2": (3, FRAMES, SIDE, SIDE),
+    "z-image": (3, 128, 128),
+}
+DEFAULT_STEPS = {"sd3": 28, "flux1": 28, "qwen-image": 50, "wan2": 50, "z-image": 50}  # the stock num_inference_steps
 LR = 1e-5
 
 
@@ -217,9 +225,8 @@ def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights_and_exports(prepared
     transformer_class = getattr(diffusers, published(prepared["checkpoint"], "model_index")["transformer"][1])
     transformer = transformer_class.from_pretrained(export / "transformer", torch_dtype=torch.bfloat16)
     pipeline = _stock_pipeline(prepared["checkpoint"], folder, transformer=transformer)
-    assert (
-        pipeline.transformer.config.num_attention_heads
-        == published(prepared["checkpoint"], "transformer")["num_attention_heads"]
+    assert attention_width(pipeline.transformer.config) == attention_width(
+        published(prepared["checkpoint"], "transformer")
     )
     name = next(n for n in blocks)
     torch.testing.assert_close(

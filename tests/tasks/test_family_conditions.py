@@ -13,6 +13,7 @@ from pretrained_stage import RGB_FOLDER
 from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
+from tiny_z_image_pipeline import load_z_image_adapter
 
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.loading import validate_pipeline
@@ -50,6 +51,7 @@ def test_the_cache_holds_the_familys_encode_conditions_exactly(sd3_pipeline_dir:
     [
         ("flux1", load_flux1_adapter, "flux1_pipeline_dir"),
         ("qwen-image", load_qwen_image_adapter, "qwen_image_pipeline_dir"),
+        ("z-image", load_z_image_adapter, "z_image_pipeline_dir"),
     ],
 )
 def test_a_familys_cache_holds_its_encode_conditions(request, tmp_path: Path, family, loader, folder) -> None:

@@ -12,6 +12,9 @@ from tiny_qwen_image_pipeline import MAX_LENGTH as QWEN_IMAGE_MAX_LENGTH
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
+from tiny_z_image_pipeline import MAX_LENGTH as Z_IMAGE_MAX_LENGTH
+from tiny_z_image_pipeline import RESOLUTION as Z_IMAGE_RESOLUTION
+from tiny_z_image_pipeline import load_z_image_adapter
 
 from flowpost.core.io import write_json_atomic
 from flowpost.core.models.tiny_sd3 import TinySD3Adapter
@@ -159,12 +162,38 @@ def test_the_stock_qwen_pipeline_generates_what_flowpost_samples(qwen_image_expo
     assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
 
 
+@pytest.fixture(scope="module")
+def z_image_export(z_image_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    adapter = _perturbed_lora(load_z_image_adapter(z_image_pipeline_dir))
+    return adapter, _export(adapter, tmp_path_factory.mktemp("z-image-export"), ("diffusers", "pipeline"))
+
+
+def _stock_z_image_latents(pipe: Any, noise: torch.Tensor) -> torch.Tensor:
+    options = {"num_inference_steps": STEPS, "guidance_scale": GUIDANCE - 1, "max_sequence_length": Z_IMAGE_MAX_LENGTH}
+    size = {"height": Z_IMAGE_RESOLUTION, "width": Z_IMAGE_RESOLUTION}
+    return pipe(list(PROMPTS), latents=noise.clone(), output_type="latent", **size, **options).images
+
+
+@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
+def test_the_stock_z_image_pipeline_generates_what_flowpost_samples(z_image_export, z_image_pipeline_dir, route):
+    from diffusers import ZImagePipeline, ZImageTransformer2DModel
+
+    adapter, export = z_image_export
+    pipe = _stock_pipeline(route, export, z_image_pipeline_dir, ZImagePipeline, ZImageTransformer2DModel)
+    noise = _noise(adapter)
+    expected = _flowpost_latents(adapter, noise)  # flowpost's guidance g is the pipeline's guidance_scale g - 1
+    torch.testing.assert_close(_stock_z_image_latents(pipe, noise), expected, rtol=0, atol=1e-5)
+    untrained = _stock_z_image_latents(ZImagePipeline.from_pretrained(z_image_pipeline_dir), noise)
+    assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
+
+
 @pytest.mark.parametrize(
     ("exported", "transformer_class"),
     [
         ("sd3_export", "SD3Transformer2DModel"),
         ("flux1_export", "FluxTransformer2DModel"),
         ("qwen_image_export", "QwenImageTransformer2DModel"),
+        ("z_image_export", "ZImageTransformer2DModel"),
     ],
 )
 def test_a_pretrained_familys_export_documents_its_folders(request, exported: str, transformer_class: str) -> None:

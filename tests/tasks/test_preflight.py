@@ -32,6 +32,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "flux1": {"resolution": RESOLUTION},
     "qwen-image": {"resolution": RESOLUTION},
     "wan2": {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "gradient_checkpointing": True},
+    "z-image": {"resolution": RESOLUTION},
 }
 
 
@@ -44,7 +45,9 @@ def _config(tiny_pipeline, model: dict[str, Any], **stage: Any) -> dict[str, Any
 
 @pytest.fixture(params=sorted(OPTIONS))
 def family_dir(request: pytest.FixtureRequest) -> tuple[str, Path]:
-    fixture = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2"}[request.param]
+    fixture = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2", "z-image": "z_image"}[
+        request.param
+    ]
     return request.param, request.getfixturevalue(f"{fixture}_pipeline_dir")
 
 

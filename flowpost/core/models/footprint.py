@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.block_checkpointing import checkpointed_blocks
@@ -39,10 +40,17 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
         weight_bytes=sum(tensor_bytes(p) for p in params) + sum(tensor_bytes(b) for b in network.buffers()),
         trainable_bytes=sum(tensor_bytes(p) for p in trainable),
         blocks=len(repeated_blocks(network)),
-        hidden=int(config.num_attention_heads) * int(config.attention_head_dim),
+        hidden=attention_width(config),
         image_tokens=image_tokens(adapter),
         checkpointed=checkpointed_blocks(network),
     )
+
+
+def attention_width(config: Any) -> int:
+    """Attention heads x head width, from a transformer's config (Z-Image's names the product ``dim``)."""
+    if "num_attention_heads" in config:
+        return int(config["num_attention_heads"]) * int(config["attention_head_dim"])
+    return int(config["dim"])
 
 
 def image_tokens(adapter: ModelAdapter) -> int:
@@ -51,6 +59,7 @@ def image_tokens(adapter: ModelAdapter) -> int:
     if len(shape) == 2:  # already [tokens, channels]
         return int(shape[0])
     grid = shape[1:]
-    patch = adapter.module().config.patch_size  # type: ignore[attr-defined]
+    config = adapter.module().config  # type: ignore[attr-defined]
+    patch = config["patch_size"] if "patch_size" in config else config["all_patch_size"][0]  # Z-Image: its first
     patches = tuple(patch) if isinstance(patch, (list, tuple)) else (1,) * (len(grid) - 2) + (patch, patch)
     return math.prod(side // size for side, size in zip(grid, patches, strict=True))

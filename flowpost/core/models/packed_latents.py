@@ -18,6 +18,16 @@ from flowpost.errors import FlowpostError
 RESOLUTION = 1024  # the stock pipelines' default image side in pixels
 
 
+def checked_resolution(resolution: Any) -> int:
+    """``resolution``, refused unless a positive multiple of 16 pixels (the VAE's 8 times the 2x2 patch)."""
+    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16 or resolution % 16:
+        raise FlowpostError(
+            f"resolution {resolution!r} is not a positive multiple of 16 pixels; use e.g. 512 or 1024",
+            where="model.options.resolution",
+        )
+    return resolution
+
+
 class PackedLatentFamily(PipelineFamily):
     """A transformer reading VAE latents as 2x2 patches, ``[tokens, 4 * channels]``, at a square
     ``resolution``; packing and unpacking are the stock pipeline's own (``pipeline_class``)."""
@@ -34,12 +44,7 @@ class PackedLatentFamily(PipelineFamily):
         **options: Any,
     ) -> None:
         super().__init__(transformer, scheduler, source, **options)
-        if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 16 or resolution % 16:
-            raise FlowpostError(
-                f"resolution {resolution!r} is not a positive multiple of 16 pixels; use e.g. 512 or 1024",
-                where="model.options.resolution",
-            )
-        self.resolution = resolution
+        self.resolution = checked_resolution(resolution)
 
     @cached_property
     @abstractmethod

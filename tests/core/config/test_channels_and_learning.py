@@ -17,13 +17,21 @@ from flowpost.core.config.loading import default_pipeline_path, load_pipeline, v
 from flowpost.errors import FlowpostError
 
 FOLDER = Path(__file__).parents[2] / "data" / "folder"  # captioned shapes, for image-folder datasets
-OPTIONS: dict[str, dict[str, Any]] = {"sd3": {}, "flux1": {"resolution": RESOLUTION}, "qwen-image": {}, "wan2": {}}
+OPTIONS: dict[str, dict[str, Any]] = {
+    "sd3": {},
+    "flux1": {"resolution": RESOLUTION},
+    "qwen-image": {},
+    "wan2": {},
+    "z-image": {"resolution": RESOLUTION},
+}
 DIGITS = str(default_pipeline_path())
 
 
 @pytest.fixture(params=sorted(OPTIONS))
 def family_dir(request: pytest.FixtureRequest) -> tuple[str, Path]:
-    fixture = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2"}[request.param]
+    fixture = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2", "z-image": "z_image"}[
+        request.param
+    ]
     return request.param, request.getfixturevalue(f"{fixture}_pipeline_dir")
 
 

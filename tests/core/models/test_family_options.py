@@ -14,6 +14,7 @@ from tiny_flux1_pipeline import RESOLUTION as FLUX1_RESOLUTION
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_sd3_pipeline import T5_LENGTH
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH
+from tiny_z_image_pipeline import RESOLUTION as Z_IMAGE_RESOLUTION
 
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.models.sd3 import SD3Adapter
@@ -27,6 +28,7 @@ FAMILIES = {
     "flux1": ("flux1_pipeline_dir", {"resolution": FLUX1_RESOLUTION}),
     "qwen-image": ("qwen_image_pipeline_dir", {"resolution": QWEN_IMAGE_RESOLUTION}),
     "wan2": ("wan2_pipeline_dir", {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES}),
+    "z-image": ("z_image_pipeline_dir", {"resolution": Z_IMAGE_RESOLUTION}),
 }
 
 

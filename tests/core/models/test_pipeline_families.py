@@ -1,4 +1,4 @@
-"""What every family loaded from a diffusers pipeline folder does alike (sd3, flux1, qwen-image)."""
+"""What every family loaded from a diffusers pipeline folder does alike (sd3, flux1, qwen-image, z-image)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
+from tiny_z_image_pipeline import load_z_image_adapter
 
 from flowpost.core.models.pipeline_family import PipelineFamily
 from flowpost.errors import FlowpostError
@@ -20,6 +21,7 @@ LOADERS = {
     "sd3": (load_sd3_adapter, "sd3_pipeline_dir"),
     "flux1": (load_flux1_adapter, "flux1_pipeline_dir"),
     "qwen-image": (load_qwen_image_adapter, "qwen_image_pipeline_dir"),
+    "z-image": (load_z_image_adapter, "z_image_pipeline_dir"),
 }
 
 
@@ -71,6 +73,7 @@ def test_vae_round_trip_shapes(load: Any) -> None:
         *[("sd3", c) for c in ("transformer", "vae", "text_encoder_3")],
         *[("flux1", c) for c in ("transformer", "scheduler", "vae", "text_encoder_2")],
         *[("qwen-image", c) for c in ("transformer", "vae", "text_encoder", "tokenizer")],
+        *[("z-image", c) for c in ("transformer", "scheduler", "vae", "text_encoder", "tokenizer")],
     ],
 )
 def test_a_missing_component_names_itself_and_the_folder(

@@ -15,6 +15,8 @@ from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH, load_wan2_adapter
+from tiny_z_image_pipeline import RESOLUTION as Z_IMAGE_RESOLUTION
+from tiny_z_image_pipeline import load_z_image_adapter
 
 from flowpost.core.callbacks.base import Callback
 from flowpost.core.conditions import ConditionBatch
@@ -129,6 +131,15 @@ def qwen_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, qwen_image_pi
     encode = load_qwen_image_adapter(qwen_image_pipeline_dir).encode_conditions
     shape = (3, QWEN_IMAGE_RESOLUTION, QWEN_IMAGE_RESOLUTION)
     return write_stage_data(tmp_path_factory.mktemp("qwen-image-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def z_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, z_image_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The demonstrations as RGB images at the tiny Z-Image resolution, their prompts encoded by its adapter
+    (rows of different lengths, padded and masked)."""
+    encode = load_z_image_adapter(z_image_pipeline_dir).encode_conditions
+    shape = (3, Z_IMAGE_RESOLUTION, Z_IMAGE_RESOLUTION)
+    return write_stage_data(tmp_path_factory.mktemp("z-image-data"), image_shape=shape, encode=encode)
 
 
 @pytest.fixture

@@ -153,7 +153,7 @@ class ModelConfig(PretrainedOptions):
         description="with pretrained: the family's own options (every family: gradient_checkpointing, true or the "
         "number of blocks from the first; sd3: "
         "resolution; wan2: height, width, num_frames, fps, vae_tiling; flux1: resolution, distilled_guidance; "
-        "qwen-image: resolution, cfg_norm)",
+        "qwen-image: resolution, cfg_norm; z-image: resolution, cfg_normalization)",
     )
     attention: str = Field(
         DEFAULT_ATTENTION,
