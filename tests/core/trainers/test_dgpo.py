@@ -230,3 +230,13 @@ def test_a_dgpo_stage_resumes_to_identical_weights_and_old_copy(make_trainer, tm
     assert all(torch.equal(a[k], b[k]) for k in a)
     old_a, old_b = straight.adapter.snapshots.state_dict("old"), resumed.adapter.snapshots.state_dict("old")
     assert all(torch.equal(old_a[k], old_b[k]) for k in old_a)
+
+
+def test_rollouts_sample_with_the_old_copy_after_the_switch(make_trainer, tmp_path):
+    trainer = make_trainer(tmp_path, cls=DGPOTrainer, iterations=1, sample_with_old_after=1, **SMALL)
+    assert torch.equal(trainer.sample().final, trainer.generate().final)  # step 0: the live weights
+    trainer.start()  # 2 optimizer steps: old trails the live weights
+    with trainer.adapter.use_snapshot("old"):
+        by_old = trainer.generate().final
+    assert torch.equal(trainer.sample().final, by_old)
+    assert not torch.equal(by_old, trainer.generate().final)
