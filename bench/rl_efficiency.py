@@ -1,6 +1,6 @@
 """Judge adherence against rollout iterations and wall-clock for online trainers from one SFT export.
 
-    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm] [--seeds 0 1 2]
+    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm dgpo] [--seeds 0 1 2]
 
 The default digits pipeline provides the data, the condition cache and the SFT stage (seed 0, run
 once, cached on later calls). Each method's stage comes from the default pipeline (``grpo``) or
@@ -27,6 +27,7 @@ import yaml
 from flowpost.core.checkpoint import load_checkpoint
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
 from flowpost.core.config.schema import StageConfig
+from flowpost.core.events import Event, ProgressEvent
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.stage import build_adapter
 from flowpost.tasks.conditions import encoder_fingerprint
@@ -75,9 +76,9 @@ def run_method(run: PipelineRun, method: str, seed: int, out: Path) -> list[dict
     times: dict[int, float] = {}
     start = time.time()
 
-    def on_event(event: dict[str, Any]) -> None:
-        if event["event"] == "progress":
-            times[int(event["step"])] = event["time"] - start
+    def on_event(event: Event) -> None:
+        if isinstance(event, ProgressEvent) and event.time is not None:  # online stages count iterations
+            times[event.iteration if event.iteration is not None else event.step] = event.time - start
 
     run_training(spec, on_event=on_event)
     p = run.pipeline
@@ -132,7 +133,7 @@ def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], base: dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
-    parser.add_argument("--methods", nargs="+", default=["grpo", "nft", "awm"])
+    parser.add_argument("--methods", nargs="+", default=["grpo", "nft", "awm", "dgpo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--every", type=int, default=5, help="checkpoint (and score) every N iterations")
     parser.add_argument("--samples", type=int, default=500, help="evaluation samples per checkpoint")

@@ -13,7 +13,7 @@ class Snapshot(StrEnum):
     TEACHER = "teacher"  # distillation: the weights the stage starts from
     REFERENCE = "ref"  # the policy the stage starts from, for a KL term or a preference margin
     EMA = "ema"  # the EMA callback's average of the trainable weights
-    OLD = "old"  # NFT's old policy, moved towards the live one once per iteration
+    OLD = "old"  # NFT's old policy, moved towards the live one once per iteration; DGPO's, once per step
     ANCHOR = "anchor"  # AWM's lagged EMA anchor
 
 

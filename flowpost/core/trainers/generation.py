@@ -28,6 +28,7 @@ class GenerationTrainer(BaseTrainer):
     acquisition: ClassVar[Acquisition] = Acquisition.GENERATION
     arguments_base: ClassVar[type[OnlineArguments]] = OnlineArguments
     keeps_rollout_states: ClassVar[bool] = False  # store the trajectory although the objective is not coupled
+    whole_groups: ClassVar[bool] = False  # micro-batches shuffle whole groups (train_batch_size holds them)
     args: OnlineArguments
 
     def __init__(self, *, rewards: WeightedRewards | None = None, **kwargs: Any) -> None:
@@ -99,7 +100,8 @@ class GenerationTrainer(BaseTrainer):
         accum, iteration = self.args.gradient_accumulation_steps, self.progress.rollout_iteration
         metrics: dict[str, float] = {}
         for epoch in range(self.args.inner_epochs):
-            batches = self.rollouts.micro_batches(len(samples), iteration, epoch)
+            block = self.args.group_size if self.whole_groups else 1
+            batches = self.rollouts.micro_batches(len(samples), iteration, epoch, block=block)
             usable = len(batches) - len(batches) % accum or len(batches)
             sums: Metrics = {}
             for number, batch in enumerate(batches[:usable]):

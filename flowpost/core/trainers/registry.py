@@ -21,6 +21,7 @@ TRAINERS: dict[str, str] = {
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
     "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",
+    "dgpo": "flowpost.core.trainers.rl.dgpo:DGPOTrainer",
     "dmd2": "flowpost.core.trainers.distill.dmd2:DMD2Trainer",
     "tdm": "flowpost.core.trainers.distill.tdm:TDMTrainer",
     "consistency": "flowpost.core.trainers.distill.consistency:ConsistencyTrainer",

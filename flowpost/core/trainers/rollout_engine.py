@@ -162,10 +162,11 @@ class RolloutEngine:
             self.overlap.finish(rollout.final)
         return rollout
 
-    def micro_batches(self, size: int, iteration: int, epoch: int) -> list[MicroBatch]:
+    def micro_batches(self, size: int, iteration: int, epoch: int, *, block: int = 1) -> list[MicroBatch]:
         """Pass ``epoch`` (of ``iteration``)'s shuffled micro-batches over a rollout of ``size`` rows per rank.
 
-        The shuffle is over the global rows (rank ``r`` owns ``[r * size, (r + 1) * size)``) and a
+        The shuffle is over the global rows (rank ``r`` owns ``[r * size, (r + 1) * size)``), or over blocks
+        of ``block`` consecutive global rows kept in order (``group_size``: whole groups), and a
         micro-batch is ``train_batch_size`` global rows, so its composition does not depend on the
         world size; each rank trains on the rows it owns, weighted by ``MicroBatch.share``. A rank
         owning none of a micro-batch's rows skips it, except under a sharded layout, where it runs
@@ -173,7 +174,8 @@ class RolloutEngine:
         """
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         generator = addressed_generator(self.seed, self.stage, iteration, epoch, "shuffle")
-        order = torch.randperm(size * world, generator=generator).tolist()
+        blocks = torch.randperm(size * world // block, generator=generator).tolist()
+        order = [b * block + r for b in blocks for r in range(block)]
         width = max(self.args.train_batch_size, 1)
         batches = []
         for start in range(0, len(order), width):

@@ -22,6 +22,7 @@ from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
 from flowpost.core.trainers.objective import to_host
 from flowpost.core.trainers.offline.sft import SFTTrainer
 from flowpost.core.trainers.rl.awm import AWMTrainer
+from flowpost.core.trainers.rl.dgpo import DGPOTrainer
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
 from flowpost.core.trainers.rl.nft import NFTTrainer
 from flowpost.core.trainers.rl.online_dpo import OnlineDPOTrainer
@@ -41,6 +42,16 @@ GENERATION = {
     "grpo": {"cls": GRPOTrainer, "replay_steps_per_pass": 1, **GROUPS},  # one backward per replayed step
     "nft": {"cls": NFTTrainer, "kl_beta": 0.0, **GROUPS},
     "awm": {"cls": AWMTrainer, "train_timesteps": 2, **{**GROUPS, "sampling": {"steps": 4}}},
+    "dgpo": {
+        "cls": DGPOTrainer,
+        "train_timesteps": 2,
+        **{
+            **GROUPS,
+            "train_batch_size": 4,
+            "gradient_accumulation_steps": 1,
+            "sampling": {"dynamics": "ode", "steps": 4},
+        },
+    },
     "online-dpo": {
         "cls": OnlineDPOTrainer,
         "timesteps_per_pair": 2,
