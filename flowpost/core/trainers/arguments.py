@@ -88,6 +88,7 @@ class OnlineArguments(TrainerArguments):
 
     execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     budget_unit: ClassVar[BudgetUnit] = "iteration"
+    rollout_dynamics: ClassVar[str | None] = None  # the sampling.dynamics the trainer needs; None: any
 
     iterations: int = Field(30, ge=1, description="rollout iterations")
     prompts_per_iteration: int = Field(8, ge=1)

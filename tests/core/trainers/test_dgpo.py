@@ -158,7 +158,7 @@ def test_a_stage_that_cannot_work_is_refused_naming_its_path(make_trainer, tmp_p
     assert error.value.where == f"stages.sft.{where}"
 
 
-def test_a_split_group_is_refused_at_validate_time():
+def test_a_split_group_and_sde_rollouts_are_refused_at_validate_time():
     stage = {
         "trainer": "dgpo",
         "model": {"family": "tiny-sd3", "init": "scratch"},
@@ -175,6 +175,15 @@ def test_a_split_group_is_refused_at_validate_time():
     }
     with pytest.raises(FlowpostError, match=r"stages\.dgpo\.train\.train_batch_size.*multiple of group_size"):
         validate_pipeline(pipeline)
+    stage["train"]["train_batch_size"] = 8
+    stage["sampling"] = {"dynamics": "flow-sde"}
+    with pytest.raises(FlowpostError, match=r"stages\.dgpo\.sampling\.dynamics: trainer 'dgpo' trains on ode rollouts"):
+        validate_pipeline(pipeline)
+    del stage["sampling"]  # the default flow-sde too
+    with pytest.raises(FlowpostError, match=r"stages\.dgpo\.sampling\.dynamics"):
+        validate_pipeline(pipeline)
+    stage["sampling"] = {"dynamics": "ode"}
+    validate_pipeline(pipeline)
 
 
 def test_training_points_take_the_device_and_dtype_of_the_latents(make_trainer, tmp_path):

@@ -32,6 +32,7 @@ class DGPOArguments(OnlineArguments):
     """``train:`` of a DGPO stage; ``train_batch_size`` holds whole groups."""
 
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
+    rollout_dynamics: ClassVar[str | None] = "ode"  # clean samples from the ODE (noise level 0)
 
     beta_dpo: float = Field(100.0, gt=0, description="scale of the group logit beta_dpo / G sum_j A_j (e_j - e_ref_j)")
     kl_beta: float = Field(0.02, ge=0, description="weight of <(v - v_ref)^2> to the stage's initial weights")
@@ -123,9 +124,10 @@ class DGPOTrainer(GenerationTrainer):
 
     def setup(self) -> None:
         args, where = self.args, f"stages.{self.stage}"
-        if self.sampling.dynamics != "ode":
+        if self.sampling.dynamics != args.rollout_dynamics:
             raise FlowpostError(
-                f"DGPO trains on ODE rollouts (noise level 0); set dynamics: ode (got {self.sampling.dynamics!r})",
+                f"DGPO trains on {args.rollout_dynamics} rollouts (noise level 0); set dynamics: "
+                f"{args.rollout_dynamics} (got {self.sampling.dynamics!r})",
                 where=f"{where}.sampling.dynamics",
             )
         processes = self.accelerator.num_processes
