@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from flowpost.core.conditions import ConditionBatch
-from flowpost.core.plugins import Registry
+from flowpost.core.plugins import Registry, is_path
 
 ENCODERS: dict[str, str] = {}  # none built in: the tiny family's ``minilm`` comes with the digits extra
 ENCODER_REGISTRY = Registry(
@@ -47,7 +47,10 @@ def encoder_package(name: str) -> str | None:
 
 
 def same_encoder(first: str, second: str, *, where: str) -> bool:
-    """Whether two encoder names (registered names or class paths) name one class."""
-    return first == second or ENCODER_REGISTRY.target(first, where=where) == ENCODER_REGISTRY.target(
-        second, where=where
-    )
+    """Whether two encoder names name one class: the same name, or a registered name and a class path (or two
+    names) importing the same class. A family's own text encoders go by the family's name, which is no encoder."""
+    if first == second:
+        return True
+    entries = ENCODER_REGISTRY.entries(where=where)
+    targets = [name if is_path(name) else entries[name].target if name in entries else None for name in (first, second)]
+    return targets[0] is not None and targets[0] == targets[1]
