@@ -157,6 +157,7 @@ def validate_pipeline(
         stage.train = arguments.model_dump(mode="json")
         problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
         problems += _sampling_problems(name, stage, arguments.paradigm)
+        problems += [f"stages.{name}.{p}" for p in arguments.sampling_problems(stage.sampling or SamplingConfig())]
         problems += _role_problems(name, stage, arguments)
         problems += _optimizer_problems(name, stage, arguments)
         problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
