@@ -1,6 +1,6 @@
 """Judge adherence against rollout iterations and wall-clock for online trainers from one SFT export.
 
-    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm dgpo] [--seeds 0 1 2]
+    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm mixgrpo dgpo] [--seeds 0 1 2]
 
 The default digits pipeline provides the data, the condition cache and the SFT stage (seed 0, run
 once, cached on later calls). Each method's stage comes from the default pipeline (``grpo``) or
@@ -77,8 +77,8 @@ def run_method(run: PipelineRun, method: str, seed: int, out: Path) -> list[dict
     start = time.time()
 
     def on_event(event: Event) -> None:
-        if isinstance(event, ProgressEvent) and event.time is not None:  # online stages count iterations
-            times[event.iteration if event.iteration is not None else event.step] = event.time - start
+        if isinstance(event, ProgressEvent) and event.time is not None:
+            times[event.done] = event.time - start  # keyed by rollout iteration, as the checkpoints are
 
     run_training(spec, on_event=on_event)
     p = run.pipeline
@@ -133,7 +133,7 @@ def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], base: dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
-    parser.add_argument("--methods", nargs="+", default=["grpo", "nft", "awm", "dgpo"])
+    parser.add_argument("--methods", nargs="+", default=["grpo", "nft", "awm", "mixgrpo", "dgpo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--every", type=int, default=5, help="checkpoint (and score) every N iterations")
     parser.add_argument("--samples", type=int, default=500, help="evaluation samples per checkpoint")

@@ -81,6 +81,24 @@ def test_the_ode_stays_on_the_latents_device(on_meta):
     assert latents.device == META
 
 
+def test_a_rollout_with_dpm2_after_its_window_stays_on_the_latents_device(on_meta):
+    adapter, state, _ = on_meta
+    noise = torch.zeros(BATCH, 1, 16, 16, device=META)
+    with OneDevice():
+        stored = sample_trajectory(
+            adapter,
+            noise,
+            state,
+            inference_sigmas(6),
+            window=range(1, 3),
+            step_noise={j: torch.zeros_like(noise) for j in range(1, 3)},
+            dynamics="flow-sde",
+            noise_level=0.7,
+            ode_solver="dpm2",
+        )
+    assert {t.device for t in stored.values()} == {META}
+
+
 def test_the_teachers_sub_stepped_ode_and_the_distillation_losses_stay_on_the_latents_device(on_meta):
     from flowpost.core.sampling.substeps import ode_states
     from flowpost.core.snapshots import Snapshot

@@ -156,7 +156,8 @@ def validate_pipeline(
             raise FlowpostError(str(exc), where=source) from None
         stage.train = arguments.model_dump(mode="json")
         problems = _stage_problems(name, stage, arguments.execution_contract, pipeline.datasets)
-        problems += _sampling_problems(name, stage, arguments)
+        problems += _sampling_problems(name, stage, arguments.paradigm)
+        problems += [f"stages.{name}.{p}" for p in arguments.sampling_problems(stage.sampling or SamplingConfig())]
         problems += _role_problems(name, stage, arguments)
         problems += _optimizer_problems(name, stage, arguments)
         problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
@@ -588,26 +589,19 @@ def _distillation_problems(
     return problems
 
 
-def _sampling_problems(name: str, stage: StageConfig, arguments: TrainerArguments) -> list[str]:
-    """A trainer that needs one kind of rollout (``rollout_dynamics``) gets it; a coupled trainer scores
-    transition densities: every trainable step needs a positive, bounded std.
+def _sampling_problems(name: str, stage: StageConfig, paradigm: Paradigm) -> list[str]:
+    """A coupled trainer scores transition densities: every trainable step needs a positive, bounded std.
 
     Checked here on the generic grid (``inference_sigmas`` at ``model.shift``), before any model is read;
     the rollout engine checks every stage again on its family's own scheduler grid at load
     (``core/sampling/checks.py``).
     """
-    sampling = stage.sampling or SamplingConfig()
-    needed = getattr(arguments, "rollout_dynamics", None)
-    if needed is not None and sampling.dynamics != needed:
-        return [
-            f"stages.{name}.sampling.dynamics: trainer {stage.trainer!r} trains on {needed} rollouts; set "
-            f"sampling: {{dynamics: {needed}}} (got {sampling.dynamics!r})"
-        ]
-    if arguments.paradigm is not Paradigm.COUPLED:
+    if paradigm is not Paradigm.COUPLED:
         return []
     from flowpost.core.sampling.checks import sde_step_problems
     from flowpost.core.sampling.schedules import inference_sigmas
 
+    sampling = stage.sampling or SamplingConfig()
     sigmas = inference_sigmas(sampling.steps, shift=stage.model.shift)
     return [
         f"stages.{name}.sampling: trainer {stage.trainer!r} trains on SDE transition densities, and {problem}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -15,6 +15,9 @@ from flowpost.core.contracts import (
 )
 from flowpost.core.progress import BudgetUnit
 from flowpost.core.trainers.optimizer_settings import AdamWSettings
+
+if TYPE_CHECKING:
+    from flowpost.core.sampling.config import SamplingConfig
 
 
 class TrainerArguments(AdamWSettings, OmittingModel):
@@ -53,6 +56,10 @@ class TrainerArguments(AdamWSettings, OmittingModel):
         """``train`` with the defaults that depend on the model ``family`` filled where it leaves them unset."""
         return train
 
+    def sampling_problems(self, sampling: SamplingConfig) -> list[str]:
+        """What this trainer cannot run with in the stage's ``sampling:``, each ``"<path in the stage>: <why>"``."""
+        return []
+
     def smoke(self) -> TrainerArguments:
         """A copy with every budget cut to a few units, for wiring checks."""
         return self.model_copy(
@@ -88,7 +95,6 @@ class OnlineArguments(TrainerArguments):
 
     execution_contract: ClassVar[ExecutionContract] = ONLINE_EXECUTION_CONTRACT
     budget_unit: ClassVar[BudgetUnit] = "iteration"
-    rollout_dynamics: ClassVar[str | None] = None  # the sampling.dynamics the trainer needs; None: any
 
     iterations: int = Field(30, ge=1, description="rollout iterations")
     prompts_per_iteration: int = Field(8, ge=1)

@@ -29,6 +29,7 @@ class GenerationTrainer(BaseTrainer):
     arguments_base: ClassVar[type[OnlineArguments]] = OnlineArguments
     keeps_rollout_states: ClassVar[bool] = False  # store the trajectory although the objective is not coupled
     whole_groups: ClassVar[bool] = False  # micro-batches shuffle whole groups (train_batch_size holds them)
+    engine: ClassVar[type[RolloutEngine]] = RolloutEngine  # how its rollouts are sampled
     args: OnlineArguments
 
     def __init__(self, *, rewards: WeightedRewards | None = None, **kwargs: Any) -> None:
@@ -37,7 +38,7 @@ class GenerationTrainer(BaseTrainer):
         if wants_rewards != (rewards is not None):
             need = "needs at least one reward" if wants_rewards else "uses no reward"
             raise FlowpostError(f"trainer {type(self).__name__} {need}", where=f"stages.{self.stage}.rewards")
-        self.rollouts = RolloutEngine(
+        self.rollouts = self.engine(
             adapter=self.adapter,
             accelerator=self.accelerator,
             args=self.args,

@@ -17,6 +17,7 @@ TRAINERS: dict[str, str] = {
     "offline-dpo": "flowpost.core.trainers.offline.dpo:OfflineDPOTrainer",
     "grpo": "flowpost.core.trainers.rl.grpo:GRPOTrainer",
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardTrainer",
+    "mixgrpo": "flowpost.core.trainers.rl.mixgrpo:MixGRPOTrainer",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",

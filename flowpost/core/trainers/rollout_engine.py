@@ -89,6 +89,15 @@ class RolloutEngine:
         start = int(torch.randint(low, high + 1, (1,), generator=generator))
         return range(start, start + size)
 
+    @property
+    def ode_solver(self) -> str:
+        """How the ODE steps after the window integrate (``sample_trajectory``): Euler."""
+        return "euler"
+
+    def grid(self, window: range) -> Tensor:
+        """The sigmas an iteration with ``window`` integrates over: the model's ``sampling.steps`` grid."""
+        return self.adapter.inference_sigmas(self.sampling.steps)
+
     def generate(self, iteration: int) -> Rollout:
         """This rank's share of ``iteration``: K-repeat groups, addressed noise, SDE inside the window."""
         args, sampling = self.args, self.sampling
@@ -118,7 +127,7 @@ class RolloutEngine:
         step_noise = {
             j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device) for j in window
         }
-        sigmas = self.adapter.inference_sigmas(sampling.steps)
+        sigmas = self.grid(window)
         batch = conditions.lookup(prompts).to(device)
         null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
         parts = []
@@ -141,6 +150,7 @@ class RolloutEngine:
                     guidance=sampling.guidance,
                     negative=negative,
                     store=store,
+                    ode_solver=self.ode_solver,
                 )
             )
             if self.overlap is not None:  # scored while the next forward batch samples

@@ -176,10 +176,12 @@ def _two_processes_match_one(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["grpo-guard", "dppo", "nft", "awm", "online-dpo", "dgpo"])
+@pytest.mark.parametrize("trainer", ["grpo-guard", "dppo", "mixgrpo", "nft", "awm", "online-dpo", "dgpo"])
 def test_ddp_every_online_trainer_matches_one_process(tmp_path, data_dirs, fresh_weights, trainer) -> None:
     train = {**GRPO, "train_timesteps": 2} if trainer in ("awm", "dgpo") else GRPO  # 4 sampling steps allow 2
-    sampling = {"steps": 4, **({"dynamics": "ode"} if trainer == "dgpo" else {})}  # dgpo samples with the ODE
+    train = {**train, "shift_interval": 1} if trainer == "mixgrpo" else train  # its window moves every iteration
+    sampling = {"steps": 4, "window": 2} if trainer == "mixgrpo" else {"steps": 4}
+    sampling = {**sampling, "dynamics": "ode"} if trainer == "dgpo" else sampling  # dgpo samples with the ODE
     stage = {"sampling": sampling, "rewards": [{"name": "jpeg_incompressibility"}]}
     _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, backend="ddp")
 

@@ -177,7 +177,9 @@ def test_a_split_group_and_sde_rollouts_are_refused_at_validate_time():
         validate_pipeline(pipeline)
     stage["train"]["train_batch_size"] = 8
     stage["sampling"] = {"dynamics": "flow-sde"}
-    with pytest.raises(FlowpostError, match=r"stages\.dgpo\.sampling\.dynamics: trainer 'dgpo' trains on ode rollouts"):
+    with pytest.raises(
+        FlowpostError, match=r"stages\.dgpo\.sampling\.dynamics: trainer 'dgpo' trains on clean ODE samples"
+    ):
         validate_pipeline(pipeline)
     del stage["sampling"]  # the default flow-sde too
     with pytest.raises(FlowpostError, match=r"stages\.dgpo\.sampling\.dynamics"):

@@ -29,6 +29,7 @@ BUILD: dict[str, dict[str, Any]] = {  # what make_trainer needs to build each re
     "offline-dpo": {"dirs": "pairs", "init_from": INIT},
     "grpo": {"rewards": JPEG},
     "grpo-guard": {"rewards": JPEG},
+    "mixgrpo": {"rewards": JPEG, "sampling": {"window": 2}},
     "dppo": {"rewards": JPEG},
     "online-dpo": {"rewards": JPEG},
     "awm": {"rewards": JPEG},

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_rand, addressed_randn
+from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.generation import GenerationTrainer
@@ -32,7 +33,6 @@ class DGPOArguments(OnlineArguments):
     """``train:`` of a DGPO stage; ``train_batch_size`` holds whole groups."""
 
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
-    rollout_dynamics: ClassVar[str | None] = "ode"  # clean samples from the ODE (noise level 0)
 
     beta_dpo: float = Field(100.0, gt=0, description="scale of the group logit beta_dpo / G sum_j A_j (e_j - e_ref_j)")
     kl_beta: float = Field(0.02, ge=0, description="weight of <(v - v_ref)^2> to the stage's initial weights")
@@ -109,6 +109,14 @@ def group_preference_loss(
     weights = torch.sigmoid(sums)[groups]
     return (weights * advantages * errors).mean(), clipped, weights
 
+    def sampling_problems(self, sampling: SamplingConfig) -> list[str]:
+        if sampling.dynamics != "ode":
+            return [
+                f"sampling.dynamics: trainer 'dgpo' trains on clean ODE samples (noise level 0); set "
+                f"sampling: {{dynamics: ode}} (got {sampling.dynamics!r})"
+            ]
+        return []
+
 
 class DGPOTrainer(GenerationTrainer):
     """Group preference optimisation on clean ODE samples against the reference, clipped by the old copy.
@@ -124,12 +132,9 @@ class DGPOTrainer(GenerationTrainer):
 
     def setup(self) -> None:
         args, where = self.args, f"stages.{self.stage}"
-        if self.sampling.dynamics != args.rollout_dynamics:
-            raise FlowpostError(
-                f"DGPO trains on {args.rollout_dynamics} rollouts (noise level 0); set dynamics: "
-                f"{args.rollout_dynamics} (got {self.sampling.dynamics!r})",
-                where=f"{where}.sampling.dynamics",
-            )
+        if problems := args.sampling_problems(self.sampling):
+            path, _, why = problems[0].partition(": ")
+            raise FlowpostError(why, where=f"{where}.{path}")
         processes = self.accelerator.num_processes
         if args.prompts_per_iteration % processes:
             raise FlowpostError(

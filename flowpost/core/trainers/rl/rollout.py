@@ -1,4 +1,5 @@
-"""Rollouts: SDE steps inside a window (stored for replay), ODE steps elsewhere."""
+"""Rollouts: SDE steps inside a window (stored for replay), ODE steps elsewhere (Euler, or DPM-Solver++(2M)
+after the window)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.base import ModelAdapter
-from flowpost.core.sampling.ode import euler_step
+from flowpost.core.sampling.ode import dpm2_step, euler_step
 from flowpost.core.sampling.sde import sde_step
 
 
@@ -75,15 +76,20 @@ def sample_trajectory(
     guidance: float = 1.0,
     negative: ConditionState | None = None,
     store: bool = True,
+    ode_solver: str = "euler",
 ) -> dict[str, Tensor]:
-    """Integrate from ``noise``; steps in ``window`` use ``dynamics`` (noise ``step_noise[j]``).
+    """Integrate from ``noise``; steps in ``window`` use ``dynamics`` (noise ``step_noise[j]``), the others
+    Euler, or with ``ode_solver="dpm2"`` DPM-Solver++(2M) after the window (its multistep history runs
+    through every step before).
 
     With ``store`` the window's transitions are returned for replay; the final sample always is.
     """
     x = noise
     stored: dict[str, list[Tensor]] = {"latents": [], "next_latents": [], "log_probs": [], "means": []}
+    previous: tuple[Tensor, float] | None = None  # the last step's data prediction and its sigma (dpm2)
     for j in range(len(sigmas) - 1):
         velocity = adapter.forward(x, sigmas[j], state, guidance=guidance, negative=negative)
+        x0 = (x.float() - float(sigmas[j]) * velocity.float()) if ode_solver == "dpm2" else None
         if j in window:
             out = sde_step(
                 dynamics, velocity, x, sigmas[j], sigmas[j + 1], noise_level=noise_level, noise=step_noise[j]
@@ -94,8 +100,11 @@ def sample_trajectory(
                 stored["log_probs"].append(out.log_prob)
                 stored["means"].append(out.mean)
             x = out.prev_sample
+        elif x0 is not None and j >= window.stop:
+            x = dpm2_step(x0, x, float(sigmas[j]), float(sigmas[j + 1]), previous)
         else:
             x = euler_step(velocity, x, sigmas[j], sigmas[j + 1])
+        previous = None if x0 is None else (x0, float(sigmas[j]))
     result = {key: torch.stack(values, dim=1) for key, values in stored.items() if values}
     result["final"] = x
     return result
