@@ -59,6 +59,14 @@ class DGPOArguments(OnlineArguments):
             )
         return size
 
+    def sampling_problems(self, sampling: SamplingConfig) -> list[str]:
+        if sampling.dynamics != "ode":
+            return [
+                f"sampling.dynamics: trainer 'dgpo' trains on clean ODE samples (noise level 0); set "
+                f"sampling: {{dynamics: ode}} (got {sampling.dynamics!r})"
+            ]
+        return []
+
 
 def old_decay(optimizer_steps: int, *, ramp: float, max_decay: float) -> float:
     """The old copy's EMA decay at optimizer step ``k`` (counted from 0): ``min(max_decay, ramp * k)``."""
@@ -108,14 +116,6 @@ def group_preference_loss(
     sums = terms.new_zeros(num_groups).scatter_add(0, groups, terms)
     weights = torch.sigmoid(sums)[groups]
     return (weights * advantages * errors).mean(), clipped, weights
-
-    def sampling_problems(self, sampling: SamplingConfig) -> list[str]:
-        if sampling.dynamics != "ode":
-            return [
-                f"sampling.dynamics: trainer 'dgpo' trains on clean ODE samples (noise level 0); set "
-                f"sampling: {{dynamics: ode}} (got {sampling.dynamics!r})"
-            ]
-        return []
 
 
 class DGPOTrainer(GenerationTrainer):
