@@ -18,6 +18,7 @@ TRAINERS: dict[str, str] = {
     "grpo": "flowpost.core.trainers.rl.grpo:GRPOTrainer",
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardTrainer",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",
+    "branchgrpo": "flowpost.core.trainers.rl.branchgrpo:BranchGRPOTrainer",
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
     "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",

@@ -30,6 +30,7 @@ BUILD: dict[str, dict[str, Any]] = {  # what make_trainer needs to build each re
     "grpo": {"rewards": JPEG},
     "grpo-guard": {"rewards": JPEG},
     "dppo": {"rewards": JPEG},
+    "branchgrpo": {"rewards": JPEG},
     "online-dpo": {"rewards": JPEG},
     "awm": {"rewards": JPEG},
     "nft": {"rewards": JPEG},
