@@ -27,6 +27,7 @@ import yaml
 from flowpost.core.checkpoint import load_checkpoint
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
 from flowpost.core.config.schema import StageConfig
+from flowpost.core.events import Event, ProgressEvent
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.stage import build_adapter
 from flowpost.tasks.conditions import encoder_fingerprint
@@ -75,9 +76,9 @@ def run_method(run: PipelineRun, method: str, seed: int, out: Path) -> list[dict
     times: dict[int, float] = {}
     start = time.time()
 
-    def on_event(event: dict[str, Any]) -> None:
-        if event["event"] == "progress":
-            times[int(event["step"])] = event["time"] - start
+    def on_event(event: Event) -> None:
+        if isinstance(event, ProgressEvent) and event.time is not None:
+            times[event.iteration if event.iteration is not None else event.step] = event.time - start
 
     run_training(spec, on_event=on_event)
     p = run.pipeline
