@@ -244,3 +244,18 @@ def test_replaying_each_shared_transition_once_gives_the_full_replays_gradient(m
     assert float(grads[0].abs().max()) > 0
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-8)
+
+
+def test_the_example_validates_and_a_wrong_group_size_names_the_train_section():
+    from pathlib import Path
+
+    import yaml
+
+    from flowpost.core.config.loading import validate_pipeline
+
+    example = Path(__file__).parents[3] / "examples" / "digits-branchgrpo.yaml"
+    data = yaml.safe_load(example.read_text())
+    assert validate_pipeline(data, source="example").stages["branchgrpo"].train["branch_steps"] == [0, 3, 6]
+    data["stages"]["branchgrpo"]["train"]["group_size"] = 4
+    with pytest.raises(FlowpostError, match="stages.branchgrpo.train: group_size 4 must equal"):
+        validate_pipeline(data, source="example")
