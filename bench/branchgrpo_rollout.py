@@ -4,10 +4,11 @@
 
 Both arms are built from the default pipeline's SFT export (its data, condition cache and SFT stage are
 the ones ``bench/rl_efficiency.py`` runs, cached) and sample one iteration of the same prompts and final
-sample count. Every model call is counted by the rows it evaluates (one row = one sample at one step);
-the replay rows are what training forwards per inner epoch (flat GRPO: every sample at every stored step;
-BranchGRPO: every distinct transition once). Wall time is the median of ``--rounds`` rollouts per arm,
-alternating the arms. Writes ``WORKSPACE/branchgrpo_rollout.json``.
+sample count, both with SDE on every trainable step. Every model call is counted by the rows it
+evaluates (one row = one sample at one step); the replay rows are what training forwards per inner epoch
+(flat GRPO: every sample at every stored step; BranchGRPO: every distinct transition once). Wall time is
+the median of ``--rounds`` rollouts per arm, alternating the arms. Writes
+``WORKSPACE/branchgrpo_rollout.json``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def shape_pipeline(shape: dict[str, Any]) -> Any:
     group = shape["branch"]["group_size"]
     for name in ("grpo", "branchgrpo"):
         stage = data["stages"][name]
-        stage["sampling"] = {**stage["sampling"], "steps": shape["steps"]}
+        stage["sampling"] = {**stage["sampling"], "steps": shape["steps"], "window": None}  # SDE on every step
         stage["train"] |= {"prompts_per_iteration": shape["prompts"], "group_size": group}
         stage["train"] |= {"rollout_batch_size": shape["prompts"] * group}
         stage["callbacks"].pop("trackers", None)
