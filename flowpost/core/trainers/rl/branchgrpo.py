@@ -150,7 +150,7 @@ def width_keep(advantages: Tensor, after_last: Tensor, leaves: int, fraction: fl
 
 
 class BranchGRPOTrainer(GRPOTrainer):
-    """Tree rollouts and per-depth advantages; the PPO-clip replay (and KL over each leaf's path) is GRPO's."""
+    """Tree rollouts and per-depth advantages; GRPO's PPO-clip and KL, each distinct transition replayed once."""
 
     Arguments: ClassVar[type[BranchGRPOArguments]] = BranchGRPOArguments
     args: BranchGRPOArguments
