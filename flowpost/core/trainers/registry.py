@@ -19,6 +19,7 @@ TRAINERS: dict[str, str] = {
     "grpo-guard": "flowpost.core.trainers.rl.grpo_guard:GRPOGuardTrainer",
     "mixgrpo": "flowpost.core.trainers.rl.mixgrpo:MixGRPOTrainer",
     "dppo": "flowpost.core.trainers.rl.dppo:DPPOTrainer",
+    "branchgrpo": "flowpost.core.trainers.rl.branchgrpo:BranchGRPOTrainer",
     "online-dpo": "flowpost.core.trainers.rl.online_dpo:OnlineDPOTrainer",
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
     "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",

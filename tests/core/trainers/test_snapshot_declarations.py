@@ -31,6 +31,7 @@ BUILD: dict[str, dict[str, Any]] = {  # what make_trainer needs to build each re
     "grpo-guard": {"rewards": JPEG},
     "mixgrpo": {"rewards": JPEG, "sampling": {"window": 2}},
     "dppo": {"rewards": JPEG},
+    "branchgrpo": {"rewards": JPEG},
     "online-dpo": {"rewards": JPEG},
     "awm": {"rewards": JPEG},
     "nft": {"rewards": JPEG},
