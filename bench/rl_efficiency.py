@@ -1,6 +1,7 @@
 """Judge adherence against rollout iterations and wall-clock for online trainers from one SFT export.
 
-    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm mixgrpo dgpo branchgrpo] [--seeds 0 1 2]
+    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm mixgrpo dgpo branchgrpo]
+        [--seeds 0 1 2]
 
 The default digits pipeline provides the data, the condition cache and the SFT stage (seed 0, run
 once, cached on later calls). Each method's stage comes from the default pipeline (``grpo``) or
