@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from flowpost.core.rewards.http_session import HttpSession
 from flowpost.errors import FlowpostError, TransientError
 
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG"}
@@ -169,7 +170,7 @@ class RemoteReward:
         self.token_env = token_env
         self.image_format = image_format
         self.version = version
-        self._http: httpx.Client | None = None
+        self.http = HttpSession(timeout=self.timeout, token_env=token_env)
         self._token()  # fail at construction, not at the first batch
 
     def _token(self) -> str | None:
@@ -182,11 +183,6 @@ class RemoteReward:
                 where=self.where,
             )
         return token
-
-    def _redacted(self, text: str) -> str:
-        """``text`` from the server with the bearer token masked: a server may echo the request's headers."""
-        token = os.environ.get(self.token_env) if self.token_env else None
-        return text.replace(token, "[token]") if token else text
 
     def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
         batch = media.shape[0]
@@ -223,36 +219,27 @@ class RemoteReward:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         return send_with_retries(
-            self._client(),
+            self.http.client(),
             url,
             body,
             headers=headers,
             retries=self.retries,
             backoff=self.backoff,
             where=self.where,
-            redact=self._redacted,
+            redact=self.http.redact,
         )
-
-    def _client(self) -> httpx.Client:
-        """One pooled client per reward, created on first use (redirects are never followed)."""
-        if self._http is None:
-            self._http = httpx.Client(timeout=self.timeout, follow_redirects=False)
-        return self._http
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_http": None}  # connections do not travel
 
     def _json(self, raw: bytes) -> Any:
         try:
             return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError):
-            excerpt = self._redacted(raw[:200].decode("utf-8", "replace"))
+            excerpt = self.http.redact(raw[:200].decode("utf-8", "replace"))
             raise FlowpostError(f"reward server answered non-JSON: {excerpt!r}", where=self.where) from None
 
     def _parse(self, raw: bytes, batch: int) -> list[float]:
         answer = self._json(raw)
         if not isinstance(answer, dict) or "scores" not in answer:
-            excerpt = self._redacted(json.dumps(answer)[:200])
+            excerpt = self.http.redact(json.dumps(answer)[:200])
             raise FlowpostError(f'reward server answer has no "scores": {excerpt}', where=self.where)
         scores = answer["scores"]
         if not isinstance(scores, list) or len(scores) != batch:
@@ -263,7 +250,7 @@ class RemoteReward:
         for i, score in enumerate(scores):
             if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
                 raise FlowpostError(
-                    f"reward server score {i} is {self._redacted(repr(score))[:200]}; every score must be a finite "
+                    f"reward server score {i} is {self.http.redact(repr(score))[:200]}; every score must be a finite "
                     "number",
                     where=self.where,
                 )

@@ -11,11 +11,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import torch
 from PIL import Image
 
 from flowpost.core.rewards.clip import load_pretrained
+from flowpost.core.rewards.http_session import HttpSession
 from flowpost.core.rewards.model_options import scoring_device, scoring_dtype
 from flowpost.core.rewards.remote import checked_url, send_with_retries
 from flowpost.core.rewards.vlm_questions import Answer, Question
@@ -60,7 +60,7 @@ class ChatEndpoint:
             raise FlowpostError(f"environment variable {token_env} is not set", where="options.token_env")
         self.model, self.timeout, self.retries, self.backoff = model, float(timeout), retries, float(backoff)
         self.concurrency, self.token_env = concurrency, token_env
-        self._http: httpx.Client | None = None
+        self.http = HttpSession(timeout=self.timeout, token_env=token_env)
 
     def answers(self, requests: list[Request], question: Question) -> list[Answer]:
         """The server's answers to ``requests``, in order."""
@@ -86,14 +86,14 @@ class ChatEndpoint:
         if self.token_env is not None:
             headers["Authorization"] = f"Bearer {os.environ.get(self.token_env, '')}"
         raw = send_with_retries(
-            self._client(),
+            self.http.client(),
             self.url,
             json.dumps(body).encode(),
             headers=headers,
             retries=self.retries,
             backoff=self.backoff,
             where=self.where,
-            redact=self._redacted,
+            redact=self.http.redact,
         )
         return self._parse(raw)
 
@@ -105,23 +105,11 @@ class ChatEndpoint:
             logprobs = (choice.get("logprobs") or {}).get("content") or []
             first = [(str(t["token"]), float(t["logprob"])) for t in logprobs[0]["top_logprobs"]] if logprobs else None
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            excerpt = self._redacted(raw[:200].decode("utf-8", "replace"))
+            excerpt = self.http.redact(raw[:200].decode("utf-8", "replace"))
             raise FlowpostError(
                 f"the server's answer is not an OpenAI chat completion: {excerpt!r}", where=self.where
             ) from None
         return Answer(str(text), first)
-
-    def _redacted(self, text: str) -> str:
-        token = os.environ.get(self.token_env) if self.token_env else None
-        return text.replace(token, "[token]") if token else text
-
-    def _client(self) -> httpx.Client:
-        if self._http is None:
-            self._http = httpx.Client(timeout=self.timeout, follow_redirects=False)
-        return self._http
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_http": None}  # connections do not travel
 
 
 class LocalVlm:
