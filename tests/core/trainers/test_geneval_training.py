@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from prompt_states import seeded_prompt_states
 from tiny_clip import build_tiny_clip
 from tiny_detr import build_tiny_detr
 
-from flowpost.core.conditions import ConditionBatch
 from flowpost.core.config.schema.datasets import PromptFilesDataset
 from flowpost.core.events import read_events
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
@@ -30,18 +30,14 @@ ROWS = [
 FINGERPRINT = "test-encoder"  # the one make_trainer's spec names
 
 
-def _encode(prompts: list[str]) -> ConditionBatch:
-    """Seeded random prompt states of the tiny family's width."""
-    states = torch.stack([torch.randn(16, 384, generator=torch.Generator().manual_seed(len(p))) for p in prompts])
-    return ConditionBatch(states, torch.ones(len(prompts), 16, dtype=torch.int8), states.mean(1))
-
-
 def test_a_grpo_iteration_trains_on_geneval(make_trainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     Path("evaluation_metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     acquire_prompt_files(PromptFilesDataset(path="evaluation_metadata.jsonl"), tmp_path / "prompts", where="datasets.g")
     prompts = ["", *(row["prompt"] for row in ROWS)]
-    update_condition_cache(tmp_path / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=_encode)
+    update_condition_cache(
+        tmp_path / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=seeded_prompt_states
+    )
     options = {
         "detector": str(build_tiny_detr(tmp_path / "detr", sure=("cat", (0.5, 0.5, 0.4, 0.4)), gain=500, level=0.166)),
         "clip": str(build_tiny_clip(tmp_path / "clip")),

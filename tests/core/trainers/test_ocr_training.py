@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+from prompt_states import seeded_prompt_states
 
-from flowpost.core.conditions import ConditionBatch
 from flowpost.core.config.schema.datasets import PromptFilesDataset
 from flowpost.core.events import read_events
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
@@ -19,19 +18,15 @@ PROMPTS = ['a sign that says "OPEN"', 'a poster reading "42"']
 FINGERPRINT = "test-encoder"  # the one make_trainer's spec names
 
 
-def _encode(prompts: list[str]) -> ConditionBatch:
-    """Seeded random prompt states of the tiny family's width."""
-    states = torch.stack([torch.randn(16, 384, generator=torch.Generator().manual_seed(len(p))) for p in prompts])
-    return ConditionBatch(states, torch.ones(len(prompts), 16, dtype=torch.int8), states.mean(1))
-
-
 def test_a_grpo_iteration_scores_every_rollout_with_ocr(
     make_trainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     Path("test.txt").write_text("".join(f"{prompt}\n" for prompt in PROMPTS))
     acquire_prompt_files(PromptFilesDataset(path="test.txt"), tmp_path / "prompts", where="datasets.ocr")
-    update_condition_cache(tmp_path / "conditions", ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=_encode)
+    update_condition_cache(
+        tmp_path / "conditions", ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=seeded_prompt_states
+    )
     trainer = make_trainer(
         tmp_path / "out",
         cls=GRPOTrainer,
