@@ -195,5 +195,9 @@ def test_cancelling_or_interrupting_a_deployed_run_stops_its_stage_which_then_re
         print(f"cancelled: {cancelled.id}; interrupted: {state.type.value}")
     finally:
         worker.terminate()
-        worker.wait(timeout=60)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # the worker's own shutdown is Prefect's; its session must not outlive us
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=60)
         log.close()
