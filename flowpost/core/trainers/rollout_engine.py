@@ -15,13 +15,13 @@ from flowpost.core.advantages import (
     per_reward_advantages,
     reward_correlations,
 )
-from flowpost.core.conditions import NULL_PROMPT
+from flowpost.core.conditions import NULL_PROMPT, ConditionBatch
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_generator, addressed_randn
 from flowpost.core.rewards.combine import RewardOutput
 from flowpost.core.sampling.checks import check_sde_steps
 from flowpost.core.trainers.reward_overlap import OverlappedScoring
-from flowpost.core.trainers.rl.groups import plan_groups
+from flowpost.core.trainers.rl.groups import GroupPlan, plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout, sample_trajectory
 from flowpost.errors import FlowpostError
 
@@ -39,6 +39,21 @@ class MicroBatch:
 
     rows: list[int]
     share: float
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """This rank's rows of one iteration's groups: the groups drawn (``plan``), the rows' global ``indices`` and
+    ``group_ids``, their ``prompts`` and ``metadata`` (with ``group_id``), their conditions on the device, and the
+    null prompt's under guidance."""
+
+    plan: GroupPlan
+    indices: list[int]
+    group_ids: list[int]
+    prompts: list[str]
+    metadata: list[dict[str, Any]]
+    conditions: ConditionBatch
+    null: ConditionBatch | None
 
 
 @dataclass
@@ -98,24 +113,37 @@ class RolloutEngine:
         """The sigmas an iteration with ``window`` integrates over: the model's ``sampling.steps`` grid."""
         return self.adapter.inference_sigmas(self.sampling.steps)
 
-    def generate(self, iteration: int) -> Rollout:
-        """This rank's share of ``iteration``: K-repeat groups, addressed noise, SDE inside the window."""
-        args, sampling = self.args, self.sampling
+    def rank_share(self, iteration: int) -> RankShare:
+        """This rank's rows of ``iteration``'s K-repeat groups, their prompts and conditions."""
         where = f"stages.{self.stage}.data"
         conditions = self.inputs.require("conditions", where=where)
         pool = self.inputs.require("prompts", where=where)
         plan = plan_groups(
             len(pool),
-            prompts=args.prompts_per_iteration,
-            group_size=args.group_size,
+            prompts=self.args.prompts_per_iteration,
+            group_size=self.args.group_size,
             seed=self.seed,
             stage=self.stage,
             iteration=iteration,
         )
         indices = list(plan.rank_slice(self.accelerator.process_index, self.accelerator.num_processes))
         prompts = [pool[plan.prompt_rows[k]][0] for k in indices]
-        group_ids = [plan.group_ids[k] for k in indices]
-        metadata = [{**pool[plan.prompt_rows[k]][1], "group_id": plan.group_ids[k]} for k in indices]
+        device = self.accelerator.device
+        return RankShare(
+            plan=plan,
+            indices=indices,
+            group_ids=[plan.group_ids[k] for k in indices],
+            prompts=prompts,
+            metadata=[{**pool[plan.prompt_rows[k]][1], "group_id": plan.group_ids[k]} for k in indices],
+            conditions=conditions.lookup(prompts).to(device),
+            null=conditions.lookup([NULL_PROMPT]).to(device) if self.sampling.guidance != 1.0 else None,
+        )
+
+    def generate(self, iteration: int) -> Rollout:
+        """This rank's share of ``iteration``: K-repeat groups, addressed noise, SDE inside the window."""
+        sampling = self.sampling
+        share = self.rank_share(iteration)
+        indices, group_ids, prompts, metadata = share.indices, share.group_ids, share.prompts, share.metadata
         address = {"seed": self.seed, "stage": self.stage, "step": iteration}
         shape = self.adapter.latent_shape
         device = self.accelerator.device
@@ -128,8 +156,7 @@ class RolloutEngine:
             j: addressed_randn(shape, indices=indices, purpose=f"step-{j}", **address).to(device) for j in window
         }
         sigmas = self.grid(window)
-        batch = conditions.lookup(prompts).to(device)
-        null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
+        batch, null = share.conditions, share.null
         parts = []
         if self.overlap is not None:
             self.overlap.begin()

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from flowpost.core.conditions import NULL_PROMPT, ConditionBatch, ConditionState
+from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.noise import addressed_randn
 from flowpost.core.sampling.ode import euler_step
 from flowpost.core.sampling.sde import sde_step
-from flowpost.core.trainers.rl.groups import plan_groups
 from flowpost.core.trainers.rl.rollout import Rollout
 
 if TYPE_CHECKING:
@@ -99,24 +98,11 @@ def generate_tree(
     by ``branch_noise_scale``; its log-density stays the sampler's transition's.
     """
     args, sampling, adapter = engine.args, engine.sampling, engine.adapter
-    where = f"stages.{engine.stage}.data"
-    conditions = engine.inputs.require("conditions", where=where)
-    pool = engine.inputs.require("prompts", where=where)
-    groups = plan_groups(
-        len(pool),
-        prompts=args.prompts_per_iteration,
-        group_size=args.group_size,
-        seed=engine.seed,
-        stage=engine.stage,
-        iteration=iteration,
-    )
-    indices = list(groups.rank_slice(engine.accelerator.process_index, engine.accelerator.num_processes))
-    prompts = [pool[groups.prompt_rows[k]][0] for k in indices]
-    metadata = [{**pool[groups.prompt_rows[k]][1], "group_id": groups.group_ids[k]} for k in indices]
-    device, leaves = engine.accelerator.device, plan.leaves
+    share = engine.rank_share(iteration)
+    groups, indices, prompts, metadata = share.plan, share.indices, share.prompts, share.metadata
+    leaves = plan.leaves
     sigmas = adapter.inference_sigmas(sampling.steps)
-    batch = conditions.lookup(prompts).to(device)
-    null = conditions.lookup([NULL_PROMPT]).to(device) if sampling.guidance != 1.0 else None
+    batch, null = share.conditions, share.null
     trees = len(indices) // leaves
     per_batch = max(1, max(args.rollout_batch_size // engine.accelerator.num_processes, 1) // leaves)
     parts = []
