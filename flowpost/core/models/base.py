@@ -95,6 +95,11 @@ class ModelAdapter(ABC):
         """
         return inference_sigmas(steps, shift=self.shift)
 
+    def training_sigmas(self, sigma: Tensor) -> Tensor:
+        """Training sigma draws in [0, 1] mapped onto the sigmas the trainable network denoises: all of them,
+        unless a family trains part of a routed network (one Wan2.2 expert)."""
+        return sigma
+
     @abstractmethod
     def describe(self) -> dict:
         """Family, encoder, output codec and schedule, as the export manifest records them."""
