@@ -33,6 +33,7 @@ class Wan22Adapter(Wan2Adapter):
 
     family: ClassVar[str] = "wan22-a14b"
     options: ClassVar[tuple[str, ...]] = (*Wan2Adapter.options, "experts", "low_noise_guidance")
+    fsdp_shardable: ClassVar[bool] = False  # each rank's rows go to their own expert
 
     def __init__(
         self,
@@ -99,7 +100,12 @@ class Wan22Adapter(Wan2Adapter):
             set_block_checkpointing(expert, setting, where="model.options.gradient_checkpointing")
 
     def shard_units(self) -> list[torch.nn.Module]:
-        return [block for network in self.role_networks() for _, e in network.named_experts() for block in e.blocks]
+        """None: FSDP2 gathers a block's shards collectively, and ranks route their rows to different experts."""
+        raise FlowpostError(
+            "family wan22-a14b routes each rank's samples to its own expert, which sharded blocks (gathered by every "
+            "rank at once) cannot follow; use launch.backend: ddp or deepspeed-zero2",
+            where="launch.backend",
+        )
 
     def add_lora(self, *, rank: int, alpha: float, targets: list[str] | None = None) -> None:
         """Adapters on each trained expert; ``lora["experts"]`` names them."""

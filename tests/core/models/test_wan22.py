@@ -53,7 +53,8 @@ def test_both_experts_load_behind_the_boundary(adapter: Wan22Adapter, stock: Any
         theirs_state = theirs.state_dict()
         assert all(torch.equal(value, theirs_state[key]) for key, value in ours.state_dict().items())
     assert not torch.equal(experts.high.proj_out.weight, experts.low.proj_out.weight)  # two sets of weights
-    assert len(adapter.shard_units()) == 4  # two blocks each
+    with pytest.raises(FlowpostError, match=r"launch\.backend: .*routes each rank's samples to its own expert"):
+        adapter.shard_units()  # FSDP2's units
     assert torch.equal(adapter.routes_high(torch.tensor([1.0, 0.875, 0.8749, 0.1])), torch.tensor([1, 1, 0, 0]).bool())
 
 
@@ -140,3 +141,19 @@ def test_save_and_load_keep_both_merged_experts_and_options(adapter, wan22_pipel
     torch.testing.assert_close(now, after, rtol=0, atol=1e-5)
     torch.testing.assert_close(now[0], before[0], rtol=0, atol=0)  # the high-noise expert untouched
     assert not torch.allclose(now[1], before[1])
+
+
+def test_validation_names_fsdp2_and_a_bad_experts_option(tiny_pipeline, wan22_pipeline_dir: Path) -> None:
+    from pretrained_stage import with_model
+
+    from flowpost.core.config.loading import validate_pipeline
+
+    options = {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "experts": "middle"}
+    config = with_model(tiny_pipeline, {"family": FAMILY, "pretrained": str(wan22_pipeline_dir), "options": options})
+    config["stages"]["sft"]["launch"] = {"num_processes": 2, "backend": "fsdp2"}
+    with pytest.raises(FlowpostError) as refused:
+        validate_pipeline(config)
+    assert "stages.sft.model.options.experts: experts is 'middle'" in str(refused.value)
+    assert "stages.sft.launch.backend: family 'wan22-a14b' runs different blocks on different ranks" in str(
+        refused.value
+    )

@@ -70,3 +70,25 @@ def test_replay_reproduces_the_rollout_log_probs(make_trainer, tmp_path, wan22_p
     )
     report = check_consistency(trainer)
     assert report["ok"] and report["max_abs_ratio_error"] < 1e-5
+
+
+def test_grpo_on_the_high_noise_expert_alone_passes_over_the_low_noise_steps(
+    make_trainer, tmp_path, wan22_pipeline_dir: Path, wan22_data_dirs
+) -> None:
+    """One replayed step per pass: the three low-noise steps reach no trainable weight and give no gradient."""
+    adapter = load_wan2_adapter(wan22_pipeline_dir, family=FAMILY, options={"experts": "high"})
+    trainer = make_trainer(
+        tmp_path,
+        cls=GRPOTrainer,
+        adapter=adapter,
+        dirs=wan22_data_dirs,
+        lora_rank=4,
+        rewards=SAMPLED_JPEG,
+        sampling={"steps": 4, "guidance": 5.0},
+        iterations=1,
+        replay_steps_per_pass=1,
+        **SMALL,
+    )
+    lora = {k: v.clone() for k, v in adapter.module().state_dict().items() if "lora_B" in k}
+    assert trainer.start().rollout_iteration == 1
+    assert _moved(lora, adapter.module(), "high") and all(not k.startswith("low.") for k in lora)
