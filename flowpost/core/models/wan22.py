@@ -3,6 +3,7 @@ and low-noise ``transformer_2`` trained together or one of them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -116,7 +117,7 @@ class Wan22Adapter(Wan2Adapter):
         base = "pretrained" if self.transformer_is_pipelines else LORA_BASE_DIR
         self.lora = {"rank": rank, "alpha": alpha, "targets": chosen, "base": base, "experts": self.trained_experts()}
 
-    def add_component_variants(self, roles: Any) -> None:
+    def add_component_variants(self, roles: Sequence[str]) -> None:
         if has_lora(self.transformer):
             raise FlowpostError(
                 f"trainer roles ({', '.join(roles)}) share one LoRA base in flowpost, which the two experts of "

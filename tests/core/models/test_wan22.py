@@ -157,3 +157,15 @@ def test_validation_names_fsdp2_and_a_bad_experts_option(tiny_pipeline, wan22_pi
     assert "stages.sft.launch.backend: family 'wan22-a14b' runs different blocks on different ranks" in str(
         refused.value
     )
+
+
+def test_lora_trainer_roles_are_refused_and_full_copies_hold_both_experts(wan22_pipeline_dir: Path) -> None:
+    lora = _load(wan22_pipeline_dir)
+    lora.add_lora(rank=2, alpha=2.0)
+    with pytest.raises(FlowpostError, match=r"model\.lora: trainer roles \(generator, fake_score\) share one LoRA"):
+        lora.add_component_variants(["generator", "fake_score"])
+    full = _load(wan22_pipeline_dir)
+    full.add_component_variants(["generator", "fake_score"])
+    with full.use_component_variant("fake_score") as variant:
+        assert variant.module() is not full.variants.module("generator")
+        assert variant.module().boundary_timestep == BOUNDARY_RATIO * 1000
