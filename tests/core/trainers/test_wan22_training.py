@@ -92,3 +92,34 @@ def test_grpo_on_the_high_noise_expert_alone_passes_over_the_low_noise_steps(
     lora = {k: v.clone() for k, v in adapter.module().state_dict().items() if "lora_B" in k}
     assert trainer.start().rollout_iteration == 1
     assert _moved(lora, adapter.module(), "high") and all(not k.startswith("low.") for k in lora)
+
+
+def test_a_resumed_grpo_stage_ends_with_both_experts_as_an_uninterrupted_one(
+    make_trainer, tmp_path, wan22_pipeline_dir: Path, wan22_data_dirs
+) -> None:
+    """LoRA on both experts, a reference snapshot of both (kl_beta): stopped after one iteration and resumed."""
+
+    def trainer(out: Path, iterations: int, resume: bool):  # noqa: ANN202
+        torch.manual_seed(0)  # the same LoRA draw in each run (make_trainer adds it from the global generator)
+        return make_trainer(
+            out,
+            cls=GRPOTrainer,
+            adapter=load_wan2_adapter(wan22_pipeline_dir, family=FAMILY),
+            dirs=wan22_data_dirs,
+            lora_rank=2,
+            rewards=SAMPLED_JPEG,
+            sampling={"steps": 4, "guidance": 5.0},
+            iterations=iterations,
+            kl_beta=0.1,
+            resume=resume,
+            **SMALL,
+        )
+
+    straight = trainer(tmp_path / "straight", 2, resume=False)
+    straight.start()
+    trainer(tmp_path / "resumed", 1, resume=True).start()
+    resumed = trainer(tmp_path / "resumed", 2, resume=True)
+    assert resumed.start().rollout_iteration == 2
+    a, b = straight.adapter.module().state_dict(), resumed.adapter.module().state_dict()
+    assert {k.split(".")[0] for k in a if "lora_B" in k} == {"high", "low"}
+    assert all(torch.equal(a[k], b[k]) for k in a)
