@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -70,12 +70,12 @@ class Wan2Adapter(PipelineFamily):
         self._check_video_size()
 
     @classmethod
-    def from_pipeline(cls, source: PretrainedSource, **options: Any) -> Self:
+    def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
         """A one-transformer Wan pipeline (Wan2.1 T2V, Wan2.2 TI2V-5B: its per-token timesteps are all the
         same in text to video, so one timestep gives the same velocity); a two-expert Wan2.2 pipeline
         (``transformer_2`` below ``boundary_ratio``) is family ``wan22-a14b``'s."""
         cls.check_experts(pipeline_index(source), source)
-        return super().from_pipeline(source, **options)
+        return super()._load(source, weights=weights)
 
     @classmethod
     def check_experts(cls, index: dict[str, Any], source: PretrainedSource) -> None:

@@ -143,7 +143,9 @@ def test_save_and_load_keep_both_merged_experts_and_options(adapter, wan22_pipel
     assert not torch.allclose(now[1], before[1])
 
 
-def test_validation_names_fsdp2_and_a_bad_experts_option(tiny_pipeline, wan22_pipeline_dir: Path) -> None:
+def test_validation_names_fsdp2_a_bad_experts_option_and_the_family_for_two_experts(
+    tiny_pipeline, wan22_pipeline_dir: Path
+) -> None:
     from pretrained_stage import with_model
 
     from flowpost.core.config.loading import validate_pipeline
@@ -157,6 +159,10 @@ def test_validation_names_fsdp2_and_a_bad_experts_option(tiny_pipeline, wan22_pi
     assert "stages.sft.launch.backend: family 'wan22-a14b' runs different blocks on different ranks" in str(
         refused.value
     )
+    size = {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES}
+    config = with_model(tiny_pipeline, {"family": "wan2", "pretrained": str(wan22_pipeline_dir), "options": size})
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.pretrained: .*two-expert.*family: wan22-a14b"):
+        validate_pipeline(config)
 
 
 def test_lora_trainer_roles_are_refused_and_full_copies_hold_both_experts(wan22_pipeline_dir: Path) -> None:
