@@ -33,6 +33,7 @@ class Wan22Adapter(Wan2Adapter):
     """
 
     family: ClassVar[str] = "wan22-a14b"
+    encoder_name = "wan22-a14b"  # its own UMT5, named by the family as the conditions node names it
     options: ClassVar[tuple[str, ...]] = (*Wan2Adapter.options, "experts", "low_noise_guidance")
     fsdp_shardable: ClassVar[bool] = False  # each rank's rows go to their own expert
 
