@@ -155,16 +155,17 @@ def load_stock_edit_pipeline(folder: Path) -> Any:
     return QwenImageEditPipeline.from_pretrained(folder, processor=processor)
 
 
-def seeded_edit_states(rows: int, *, grid: int) -> Any:
-    """Seeded edit conditions without an encoder: 5 token states of ``TEXT_WIDTH`` (each row after the first
-    one shorter), and ``grid x grid`` packed source tokens of 64 channels flattened in ``pooled``."""
+def seeded_edit_states(prompts: list[str], *, grid: int = 4) -> Any:
+    """Seeded edit conditions without an encoder, one generator per prompt: 5 token states of ``TEXT_WIDTH``
+    (the last padding in every row after the first), and ``grid x grid`` packed source tokens of 64 channels
+    flattened in ``pooled``."""
     from flowpost.core.conditions import ConditionBatch
 
-    generator = torch.Generator().manual_seed(rows * 100 + grid)
-    states = torch.randn(rows, 5, TEXT_WIDTH, generator=generator)
-    mask = torch.ones(rows, 5, dtype=torch.int8)
+    generators = [torch.Generator().manual_seed(sum(map(ord, prompt)) + grid) for prompt in prompts]
+    states = torch.stack([torch.randn(5, TEXT_WIDTH, generator=g) for g in generators])
+    mask = torch.ones(len(prompts), 5, dtype=torch.int8)
     mask[1:, -1] = 0
-    source = torch.randn(rows, grid * grid * 64, generator=generator)
+    source = torch.stack([torch.randn(grid * grid * 64, generator=g) for g in generators])
     return ConditionBatch(states * mask.unsqueeze(-1), mask, source)
 
 
