@@ -7,7 +7,7 @@ import hashlib
 import re
 from pathlib import Path
 
-SOURCES_DIR = "sources"  # beside a dataset's shards: its source images, ``<digest>.png``
+SOURCES_DIR = "sources"  # in a dataset's assets: its source images, ``<digest>.png``
 DIGEST_LENGTH = 16
 _EDIT_PROMPT = re.compile(rf"(?P<instruction>.*) \[source (?P<digest>[0-9a-f]{{{DIGEST_LENGTH}}})\]", re.DOTALL)
 
@@ -30,6 +30,6 @@ def parse_edit_prompt(prompt: str) -> tuple[str, str] | None:
     return None if match is None else (match["instruction"], match["digest"])
 
 
-def source_file(directory: Path, digest: str) -> Path:
-    """Where a dataset folder keeps the source image of ``digest``."""
-    return directory / SOURCES_DIR / f"{digest}.png"
+def source_file(assets_dir: Path, digest: str) -> Path:
+    """Where a dataset's ``assets/`` keeps the source image of ``digest``."""
+    return assets_dir / SOURCES_DIR / f"{digest}.png"

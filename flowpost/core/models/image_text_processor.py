@@ -29,6 +29,9 @@ def image_text_processor_class() -> type:
             )
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
+    # saved (processor_config.json, a pipeline's model_index.json) as the Qwen2VLProcessor it stands for
+    ImageTextProcessor.__name__ = ImageTextProcessor.__qualname__ = Qwen2VLProcessor.__name__
+    ImageTextProcessor.__module__ = Qwen2VLProcessor.__module__
     return ImageTextProcessor
 
 

@@ -184,7 +184,7 @@ class PipelineFamily(TransformerAdapter):
         if self.source.torch_dtype is not None:
             options["torch_dtype"] = getattr(torch, self.source.torch_dtype)
         try:
-            parts = self.source.load_overrides(skip=("transformer", "scheduler"))
+            parts = {**self.pipeline_components(), **self.source.load_overrides(skip=("transformer", "scheduler"))}
             pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
                 self.source.path, transformer=network, scheduler=self.scheduler, **parts, **options
             )
@@ -193,6 +193,11 @@ class PipelineFamily(TransformerAdapter):
                 f"cannot load the source pipeline to export: {error}", where=self.source.path
             ) from error
         pipeline.save_pretrained(path, safe_serialization=True)
+
+    def pipeline_components(self) -> dict[str, Any]:
+        """Components of the source pipeline that flowpost loads for ``save_pipeline`` instead of diffusers
+        (none here)."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         description = super().describe()

@@ -11,6 +11,7 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.edit_encoder import EditPrompts
 from flowpost.core.models.edit_state import EditState
+from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.qwen_image import QwenImageAdapter
 from flowpost.errors import FlowpostError
@@ -46,6 +47,10 @@ class QwenImageEditAdapter(QwenImageAdapter):
     def encode_edits(self, instructions: list[str], images: list[Any]) -> ConditionBatch:
         """The conditions of ``instructions`` applied to the PIL ``images``, as the conditions node caches them."""
         return self.text_encoders.encode_edits(instructions, images)
+
+    def pipeline_components(self) -> dict[str, Any]:
+        """The processor, for images and text (``image_text_processor.py``)."""
+        return {PROCESSOR: load_image_text_processor(self.source)}
 
     def prepare_condition_state(self, batch: ConditionBatch) -> EditState:
         return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels))

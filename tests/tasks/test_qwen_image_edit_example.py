@@ -1,0 +1,95 @@
+"""``examples/qwen-image-edit.yaml``, shrunk to the tiny random Qwen-Image-Edit folder, a tiny judge and four random
+edits, runs through ``PipelineRun``: edit pairs -> conditions -> SFT -> GRPO judged before/after -> export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from pretrained_stage import TINY_ROLLOUTS
+from tiny_qwen_image_edit_pipeline import INSTRUCTIONS, MAX_LENGTH, RESOLUTION, load_stock_edit_pipeline
+from tiny_vlm import build_tiny_vlm
+
+from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.edit_prompts import parse_edit_prompt, source_file
+from flowpost.core.events import read_events
+from flowpost.core.models.qwen_image_edit import QwenImageEditAdapter
+from flowpost.tasks.runner import PipelineRun
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "qwen-image-edit.yaml"
+EDITS = 3
+
+
+def write_edits(folder: Path, count: int = EDITS) -> Path:
+    """``count`` random 40 px source and target PNGs and the table naming them with instructions."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    rows = []
+    for i in range(count):
+        for part in ("source", "target"):
+            pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{part}-{i}.png")
+        rows.append(
+            {
+                "instruction": INSTRUCTIONS[i % len(INSTRUCTIONS)],
+                "source": f"source-{i}.png",
+                "target": f"target-{i}.png",
+            }
+        )
+    table = folder / "pairs.jsonl"
+    table.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return table
+
+
+@pytest.mark.slow  # about 2 min here: each 1024 px source takes seconds to encode on a CPU
+def test_edit_pairs_train_through_sft_and_grpo_and_export(qwen_image_edit_pipeline_dir, tmp_path: Path) -> None:
+    config = yaml.safe_load(EXAMPLE.read_text())
+    folder, judge = str(qwen_image_edit_pipeline_dir), str(build_tiny_vlm(tmp_path / "judge"))
+    config["smoke"] = True
+    config["datasets"]["edits"].update(
+        path=str(write_edits(tmp_path / "edits")),
+        preprocess={"resolution": RESOLUTION, "mode": "rgb"},
+        split={"eval": 0.0},
+    )
+    config["conditions"]["qwen"].update(max_length=MAX_LENGTH)
+    config["conditions"]["qwen"]["model"]["pretrained"] = folder
+    for name in ("sft", "grpo"):
+        stage = config["stages"][name]
+        stage["model"].update(pretrained=folder, torch_dtype="float32", lora={"rank": 4, "alpha": 8})
+        stage["model"]["options"] = {"resolution": RESOLUTION}
+        stage["launch"] = {"mixed_precision": "no"}
+    config["stages"]["sft"]["train"].update(batch_size=2, max_steps=2, checkpoint_every=0)
+    grpo = config["stages"]["grpo"]
+    grpo["sampling"].update(steps=3)
+    grpo["rewards"][0]["options"] = {"model": judge}
+    grpo["train"].update(TINY_ROLLOUTS, train_batch_size=2, checkpoint_every=0, log_every=1)
+    run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
+    results = {node: run.execute(node) for node in run.nodes}
+
+    manifest = json.loads((results["acquire.edits"].path / "manifest.json").read_text())
+    edits = [parse_edit_prompt(prompt) for prompt in manifest["train_prompts"]]
+    assert len(edits) == EDITS and all(edit is not None for edit in edits)
+    assert all(source_file(results["acquire.edits"].path / "assets", digest).is_file() for _, digest in edits)
+    assert results["train.sft"].outputs["step"] >= 1 and results["train.grpo"].outputs["iteration"] >= 1
+    events = read_events(results["train.grpo"].path / "events.jsonl")
+    (metrics,) = [e["metrics"] for e in events if e["event"] == "progress"]
+    assert 0 <= metrics["reward/vlm_edit_judge_mean"] <= 1
+    export = results["export"].path
+    assert QwenImageEditAdapter.from_pretrained(export).resolution == RESOLUTION
+    stock = load_stock_edit_pipeline(export)  # the stock edit pipeline loads the exported folder and edits
+    image = Image.open(tmp_path / "edits" / "source-0.png")
+    generated = stock(
+        image=image,
+        prompt=INSTRUCTIONS[0],
+        height=RESOLUTION,
+        width=RESOLUTION,
+        num_inference_steps=2,
+        output_type="pt",
+        generator=torch.Generator().manual_seed(0),
+    ).images
+    assert generated.shape == (1, 3, RESOLUTION, RESOLUTION) and torch.isfinite(generated).all()
