@@ -29,16 +29,16 @@ SPECIAL_TOKENS = [
 ]
 INSTRUCTIONS = ["make it red", "turn the cat into a dog", "add a blue car"]
 MAX_LENGTH = 16
-RESOLUTION = 32  # target pixels: 4x4 latents (VAE factor 8), 2x2 = 4 packed tokens
+RESOLUTION = 64  # target pixels: 4x4 latents (VAE factor 16), 2x2 = 4 packed tokens
 SOURCE_SIDE = 1024  # the stock pipeline conditions on a 1024 x 1024 view of a square source
-SOURCE_TOKENS = (SOURCE_SIDE // 16) ** 2
+SOURCE_TOKENS = (SOURCE_SIDE // 32) ** 2  # 32x32 packed source tokens
 VISION_PIXELS = 56 * 56  # the processor's max_pixels: a 4x4 patch grid, 4 merged image tokens
-VAE: dict[str, Any] = {  # Qwen-Image's 16 latent channels and 8x spatial factor, few channels
-    "base_dim": 4,
+VAE: dict[str, Any] = {  # Qwen-Image's 16 latent channels at a 16x spatial factor (Qwen-Image's is 8): a 1024 px
+    "base_dim": 4,  # source gives 1024 packed tokens, not 4096
     "z_dim": 16,
-    "dim_mult": [1, 1, 1, 1],
+    "dim_mult": [1, 1, 1, 1, 1],
     "num_res_blocks": 1,
-    "temperal_downsample": [False, True, True],
+    "temperal_downsample": [False, True, True, True],
 }
 
 

@@ -25,7 +25,8 @@ class EditPrompts(PipelinePrompts):
     """The edit pipeline's text encoder, processor and VAE (fp32), loaded on first use.
 
     ``encode`` takes edit prompts (``instruction [source DIGEST]``) whose source images lie in one of
-    ``source_dirs`` (a dataset's ``sources/``); a plain prompt (the null prompt) is read with a black source.
+    ``source_dirs`` (a dataset's ``assets/``); a plain prompt (the null prompt) is read with a black square and
+    has zero source latents (the latents' mean: no source).
     """
 
     source_dirs: tuple[Path, ...] = ()
@@ -67,22 +68,27 @@ class EditPrompts(PipelinePrompts):
         """Each prompt's instruction read with its source image, and the source latents (fp32 on the CPU)."""
         from PIL import Image
 
-        instructions, images = [], []
-        for prompt in prompts:
-            parsed = parse_edit_prompt(prompt)
-            if parsed is None:  # the null prompt: an empty instruction on a black square
-                instructions.append(prompt)
-                images.append(Image.new("RGB", (64, 64)))
-            else:
-                instructions.append(parsed[0])
-                images.append(self.source_image(parsed[1], prompt=prompt))
-        return self.encode_edits(instructions, images)
+        parsed = [parse_edit_prompt(prompt) for prompt in prompts]
+        edits = [i for i, edit in enumerate(parsed) if edit is not None]
+        plain = [i for i, edit in enumerate(parsed) if edit is None]
+        parts = []
+        if edits:
+            images = [self.source_image(parsed[i][1], prompt=prompts[i]) for i in edits]  # type: ignore[index]
+            parts.append(self.encode_edits([parsed[i][0] for i in edits], images))  # type: ignore[index]
+        if plain:
+            black = [Image.new("RGB", (64, 64))] * len(plain)
+            parts.append(self.encode_edits([prompts[i] for i in plain], black, source_latents=False))
+        order = torch.argsort(torch.tensor(edits + plain))
+        return _padded_cat(parts).index(order)
 
     @torch.no_grad()
-    def encode_edits(self, instructions: list[str], images: list[Any]) -> ConditionBatch:
+    def encode_edits(
+        self, instructions: list[str], images: list[Any], *, source_latents: bool = True
+    ) -> ConditionBatch:
         """As the stock pipeline's ``__call__`` prepares an edit: each square source resized to ``SOURCE_AREA``,
         read with its instruction by ``encode_prompt``, and VAE-encoded (the posterior's mode, normalised by
-        the VAE's statistics) then packed 2x2; the packed latents flattened into ``pooled``."""
+        the VAE's statistics) then packed 2x2; the packed latents flattened into ``pooled`` (zeros without
+        ``source_latents``)."""
         from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
         pipeline, device = self.pipeline, torch.device(self.device)
@@ -104,3 +110,17 @@ class EditPrompts(PipelinePrompts):
         batch, channels, _, rows, columns = latents.shape
         packed = pipeline._pack_latents(latents, batch, channels, rows, columns)
         return ConditionBatch(embeds.float().cpu(), mask.to("cpu", torch.int8), packed.reshape(batch, -1).float().cpu())
+
+
+def _padded_cat(parts: list[ConditionBatch]) -> ConditionBatch:
+    """The batches one after another, token states and masks zero-padded to the longest."""
+    length = max(part.token_states.shape[1] for part in parts)
+    padded = [
+        ConditionBatch(
+            torch.nn.functional.pad(part.token_states, (0, 0, 0, length - part.token_states.shape[1])),
+            torch.nn.functional.pad(part.token_mask, (0, length - part.token_mask.shape[1])),
+            part.pooled,
+        )
+        for part in parts
+    ]
+    return ConditionBatch.cat(padded)

@@ -75,7 +75,7 @@ def test_conditions_hold_the_instruction_read_with_the_source_and_its_latents(ad
     pixels = stock.image_processor.preprocess(resized, height, width).unsqueeze(2)
     latents = stock._encode_vae_image(pixels, generator=None)
     packed = stock._pack_latents(latents, 1, 16, *latents.shape[3:])
-    assert state.source_latents.shape == (2, SOURCE_TOKENS, 64) and state.source_grid == 64
+    assert state.source_latents.shape == (2, SOURCE_TOKENS, 64) and state.source_grid == 32
     torch.testing.assert_close(state.source_latents[:1], packed, rtol=0, atol=1e-5)
     assert not torch.allclose(state.source_latents[0], state.source_latents[1])
     row = state.index([0])
