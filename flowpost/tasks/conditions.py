@@ -9,7 +9,6 @@ from typing import Any
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema.models import ConditionsConfig
 from flowpost.core.io import read_json, write_json_atomic
-from flowpost.core.models.edit_encoder import EditPrompts
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.models.text_encoders import ConditionEncoder, build_encoder
@@ -34,7 +33,7 @@ def cache_conditions(
     for directory in dataset_dirs:
         prompts += dataset_prompts(directory)
     encoder = condition_encoder(config)
-    if isinstance(encoder, EditPrompts):  # edits read their source images from the datasets' assets
+    if hasattr(encoder, "source_dirs"):  # an edit family's: it reads the source images in the datasets' assets
         encoder.source_dirs = tuple(directory / "assets" for directory in dataset_dirs)
     try:
         stats = update_condition_cache(out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode)
