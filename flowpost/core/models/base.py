@@ -41,6 +41,7 @@ class ModelAdapter(ABC):
     fps: int = 16  # frames per second a video family's samples are written at
     options: ClassVar[tuple[str, ...]] = ()  # the constructor options ``model.options`` may set
     guidance_distilled: ClassVar[bool] = False  # no unconditional branch trained (sampled without CFG): FLUX.1
+    samples_with_cfg: ClassVar[bool] = True  # False: guidance other than 1 is refused (qwen-image-edit)
     variants: ComponentVariants | None = None  # the trainable roles, once declared
     compile_settings: tuple[bool, dict[str, Any]] | None = None  # (regional, torch.compile options) once compiled
 

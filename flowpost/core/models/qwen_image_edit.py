@@ -32,6 +32,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
     family: ClassVar[str] = "qwen-image-edit"
     encoder_name = "qwen-image-edit"
     pipeline_class: ClassVar[str] = "QwenImageEditPipeline"
+    samples_with_cfg: ClassVar[bool] = False
 
     @classmethod
     def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> EditPrompts:
@@ -81,7 +82,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
         guidance: float = 1.0,
         negative: ConditionState | None = None,
     ) -> Tensor:
-        """The conditional velocity; guidance other than 1 is refused (see the class)."""
+        """The conditional velocity; guidance other than 1 is refused (see the class; ``flowpost validate`` refuses
+        it in the pipeline file)."""
         if guidance != 1.0:
             raise FlowpostError(
                 f"{self.family} samples without classifier-free guidance here (its negative is read with each "

@@ -140,3 +140,20 @@ def test_save_and_load_round_trip_the_family(adapter, qwen_image_edit_pipeline_d
         velocities = [a.velocity(noise, torch.tensor(0.4), seeded) for a in (loaded, tuned, adapter)]
     torch.testing.assert_close(velocities[0], velocities[1], rtol=0, atol=1e-5)
     assert not torch.allclose(velocities[0], velocities[2])
+
+
+def test_validation_refuses_guidance_for_the_edit_family_naming_each_setting() -> None:
+    import yaml
+
+    from flowpost.core.config.loading import validate_pipeline
+
+    config = yaml.safe_load((Path(__file__).parents[3] / "examples" / "qwen-image-edit.yaml").read_text())
+    config["stages"]["grpo"]["sampling"]["guidance"] = 4.0
+    config["evaluate"] = {"after": ["sft"], "guidance": 2.5, "metrics": ["brightness"]}
+    with pytest.raises(
+        FlowpostError, match=r"evaluate\.guidance: family 'qwen-image-edit' .* set it to 1 \(got 2\.5\)"
+    ):
+        validate_pipeline(config)
+    config["evaluate"]["guidance"] = 1.0
+    with pytest.raises(FlowpostError, match=r"stages\.grpo\.sampling\.guidance: .*without classifier-free guidance"):
+        validate_pipeline(config)
