@@ -1,9 +1,12 @@
-"""``examples/qwen-image-edit.yaml``, shrunk to the tiny random Qwen-Image-Edit folder, a tiny judge and four random
-edits, runs through ``PipelineRun``: edit pairs -> conditions -> SFT -> GRPO judged before/after -> export."""
+"""``examples/qwen-image-edit.yaml``, shrunk to the tiny random Qwen-Image-Edit folder, a tiny judge and two random
+edits, runs under ``flowpost run``: edit pairs -> conditions -> SFT -> GRPO judged before/after -> export."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +18,9 @@ from pretrained_stage import TINY_ROLLOUTS
 from tiny_qwen_image_edit_pipeline import INSTRUCTIONS, MAX_LENGTH, RESOLUTION, load_stock_edit_pipeline
 from tiny_vlm import build_tiny_vlm
 
-from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.edit_prompts import parse_edit_prompt, source_file
 from flowpost.core.events import read_events
 from flowpost.core.models.qwen_image_edit import QwenImageEditAdapter
-from flowpost.tasks.runner import PipelineRun
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "qwen-image-edit.yaml"
 EDITS = 2
@@ -46,7 +47,7 @@ def write_edits(folder: Path, count: int = EDITS) -> Path:
     return table
 
 
-@pytest.mark.slow  # about 2 min here: each 1024 px source takes seconds to encode on a CPU
+@pytest.mark.slow  # about 2 min here: a Prefect server, two stage processes, 1024 px sources
 def test_edit_pairs_train_through_sft_and_grpo_and_export(qwen_image_edit_pipeline_dir, tmp_path: Path) -> None:
     config = yaml.safe_load(EXAMPLE.read_text())
     folder, judge = str(qwen_image_edit_pipeline_dir), str(build_tiny_vlm(tmp_path / "judge"))
@@ -68,18 +69,22 @@ def test_edit_pairs_train_through_sft_and_grpo_and_export(qwen_image_edit_pipeli
     grpo["sampling"].update(steps=3)
     grpo["rewards"][0]["options"] = {"model": judge}
     grpo["train"].update(TINY_ROLLOUTS, train_batch_size=2, checkpoint_every=0, log_every=1)
-    run = PipelineRun(validate_pipeline(config), tmp_path / "ws")
-    results = {node: run.execute(node) for node in run.nodes}
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config, sort_keys=False))  # stages in order
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "flowpost.cli", "run", "pipeline.yaml", "--workspace", "ws"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
 
-    manifest = json.loads((results["acquire.edits"].path / "manifest.json").read_text())
-    edits = [parse_edit_prompt(prompt) for prompt in manifest["train_prompts"]]
+    (acquired,) = (tmp_path / "ws" / "acquire.edits").glob("*/manifest.json")
+    edits = [parse_edit_prompt(prompt) for prompt in json.loads(acquired.read_text())["train_prompts"]]
     assert len(edits) == EDITS and all(edit is not None for edit in edits)
-    assert all(source_file(results["acquire.edits"].path / "assets", digest).is_file() for _, digest in edits)
-    assert results["train.sft"].outputs["step"] >= 1 and results["train.grpo"].outputs["iteration"] >= 1
-    events = read_events(results["train.grpo"].path / "events.jsonl")
-    (metrics,) = [e["metrics"] for e in events if e["event"] == "progress"]
-    assert 0 <= metrics["reward/vlm_edit_judge_mean"] <= 1
-    export = results["export"].path
+    assert all(source_file(acquired.parent / "assets", digest).is_file() for _, digest in edits)
+    (sft_events,) = (tmp_path / "ws" / "train.sft").glob("*/events.jsonl")
+    assert any(e["event"] == "done" for e in read_events(sft_events))
+    (grpo_events,) = (tmp_path / "ws" / "train.grpo").glob("*/events.jsonl")
+    (metrics,) = [e["metrics"] for e in read_events(grpo_events) if e["event"] == "progress"]
+    assert 0 <= metrics["reward/vlm_edit_judge_mean"] <= 1 and metrics["reward/vlm_edit_judge_std"] >= 0
+    (export,) = (path.parent for path in (tmp_path / "ws" / "export").glob("*/model_index.json"))
     assert QwenImageEditAdapter.from_pretrained(export).resolution == RESOLUTION
     stock = load_stock_edit_pipeline(export)  # the stock edit pipeline loads the exported folder
     exported = stock.transformer.state_dict()
