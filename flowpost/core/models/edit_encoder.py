@@ -105,11 +105,15 @@ class EditPrompts(PipelinePrompts):
         )
         if mask is None:  # the pipeline drops a mask without padding
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        pixels = pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)
-        latents = pipeline._encode_vae_image(pixels.to(device, torch.float32), generator=None)
-        batch, channels, _, rows, columns = latents.shape
-        packed = pipeline._pack_latents(latents, batch, channels, rows, columns)
-        return ConditionBatch(embeds.float().cpu(), mask.to("cpu", torch.int8), packed.reshape(batch, -1).float().cpu())
+        if source_latents:
+            pixels = pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)
+            latents = pipeline._encode_vae_image(pixels.to(device, torch.float32), generator=None)
+            batch, channels, _, rows, columns = latents.shape
+            packed = pipeline._pack_latents(latents, batch, channels, rows, columns).reshape(batch, -1)
+        else:
+            cells = (height // pipeline.vae_scale_factor // 2) * (width // pipeline.vae_scale_factor // 2)
+            packed = torch.zeros(len(images), cells * pipeline.latent_channels * 4)
+        return ConditionBatch(embeds.float().cpu(), mask.to("cpu", torch.int8), packed.float().cpu())
 
 
 def _padded_cat(parts: list[ConditionBatch]) -> ConditionBatch:

@@ -157,3 +157,20 @@ def test_validation_refuses_guidance_for_the_edit_family_naming_each_setting() -
     config["evaluate"]["guidance"] = 1.0
     with pytest.raises(FlowpostError, match=r"stages\.grpo\.sampling\.guidance: .*without classifier-free guidance"):
         validate_pipeline(config)
+
+
+def test_the_null_prompt_has_no_source_latents_and_a_missing_source_is_named(
+    qwen_image_edit_pipeline_dir: Path, tmp_path: Path
+) -> None:
+    from flowpost.core.conditions import NULL_PROMPT
+    from flowpost.core.edit_prompts import edit_prompt
+    from flowpost.core.models.edit_encoder import EditPrompts
+    from flowpost.core.models.pretrained import PretrainedSource
+
+    source = PretrainedSource(str(qwen_image_edit_pipeline_dir))
+    encoder = EditPrompts(QwenImageEditAdapter, source, MAX_LENGTH, source_dirs=(tmp_path,))
+    batch = encoder.encode([NULL_PROMPT])  # the black square is read by Qwen2.5-VL only: no VAE pass
+    assert batch.pooled.shape == (1, SOURCE_TOKENS * 64) and not bool(batch.pooled.any())
+    assert bool(batch.token_states.abs().sum() > 0)
+    with pytest.raises(FlowpostError, match=r"names source image 0{16}.*re-run the acquisition"):
+        encoder.encode([edit_prompt("make it red", "0" * 16)])
