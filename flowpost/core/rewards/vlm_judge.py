@@ -213,6 +213,7 @@ class VlmEditJudge(_Judge):
         processor: str | None = None,
         device: str | None = None,
         dtype: str = "float32",
+        batch_size: int = 8,
     ) -> None:
         if assets_dir is None:
             raise FlowpostError(
