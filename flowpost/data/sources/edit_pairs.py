@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from flowpost.core.config.schema.captioned import EditPairsDataset
+from flowpost.data.prompt_rows import PromptRow
 from flowpost.data.sources.base import CaptionedSource
 from flowpost.data.sources.items import EditItem, caption_field, image_cell, json_metadata
 from flowpost.data.sources.table import table_fingerprint, table_rows
@@ -42,7 +43,7 @@ class EditPairsSource(CaptionedSource[EditPairsDataset]):
         )
 
 
-def _edit_rows(table: Path, columns: tuple[str, str], *, where: str) -> list:
+def _edit_rows(table: Path, columns: tuple[str, str], *, where: str) -> list[PromptRow]:
     """The table's rows, refused when it lacks the target column (``table_rows`` checks the source column)."""
     rows = table_rows(table, image_column=columns[0], where=where)
     if rows and columns[1] not in rows[0].fields:
