@@ -105,6 +105,11 @@ class ModelAdapter(ABC):
     def latent_shape(self) -> tuple[int, ...]:
         """Shape of one sample's latent (without the batch dimension)."""
 
+    @property
+    def condition_tokens(self) -> int:
+        """Image tokens one sample's conditions add to the transformer's sequence (an edit's source); none here."""
+        return 0
+
     @abstractmethod
     def module(self) -> torch.nn.Module:
         """The trainable network."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -9,7 +10,7 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
-from flowpost.core.models.edit_encoder import EditPrompts
+from flowpost.core.models.edit_encoder import SOURCE_AREA, EditPrompts
 from flowpost.core.models.edit_state import EditState
 from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
 from flowpost.core.models.pretrained import PretrainedSource
@@ -52,6 +53,11 @@ class QwenImageEditAdapter(QwenImageAdapter):
     def pipeline_components(self) -> dict[str, Any]:
         """The processor, for images and text (``image_text_processor.py``)."""
         return {PROCESSOR: load_image_text_processor(self.source)}
+
+    @property
+    def condition_tokens(self) -> int:
+        """The packed tokens of a square source at the stock pipeline's 1024 x 1024 pixels."""
+        return (math.isqrt(SOURCE_AREA) // (self.vae_scale_factor * 2)) ** 2
 
     def prepare_condition_state(self, batch: ConditionBatch) -> EditState:
         return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels))

@@ -174,3 +174,10 @@ def test_the_null_prompt_has_no_source_latents_and_a_missing_source_is_named(
     assert bool(batch.token_states.abs().sum() > 0)
     with pytest.raises(FlowpostError, match=r"names source image 0{16}.*re-run the acquisition"):
         encoder.encode([edit_prompt("make it red", "0" * 16)])
+
+
+def test_the_memory_preflight_counts_the_source_tokens(adapter) -> None:
+    from flowpost.core.models.footprint import model_footprint
+
+    assert adapter.condition_tokens == SOURCE_TOKENS
+    assert model_footprint(adapter).image_tokens == adapter.latent_shape[0] + SOURCE_TOKENS
