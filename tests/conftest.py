@@ -105,6 +105,14 @@ def qwen_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_image_edit_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen-Image-Edit diffusers pipeline folder (``tests/tiny_qwen_image_edit_pipeline.py``)."""
+    from tiny_qwen_image_edit_pipeline import build_tiny_qwen_image_edit_pipeline
+
+    return build_tiny_qwen_image_edit_pipeline(tmp_path_factory.mktemp("qwen-image-edit") / "pipeline")
+
+
+@pytest.fixture(scope="session")
 def z_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Z-Image diffusers pipeline folder (``tests/tiny_z_image_pipeline.py``)."""
     from tiny_z_image_pipeline import build_tiny_z_image_pipeline

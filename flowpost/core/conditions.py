@@ -18,7 +18,7 @@ class ConditionBatch:
     """Encoded prompts as the condition cache stores them.
 
     ``token_states`` [B, L, D] and ``token_mask`` [B, L] (1 = real token) are the per-token
-    encoder output; ``pooled`` [B, P] is the sentence vector.
+    encoder output; ``pooled`` [B, P] is the sentence vector (an edit family's: its source latents, flattened).
     """
 
     token_states: Tensor

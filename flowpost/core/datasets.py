@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from flowpost.core.config.schema.dataset_base import StoredDataset
 
 DATASETS: dict[str, str] = {
+    "edit-pairs": "flowpost.tasks.acquire:EditPairsSource",
     "hf-dataset": "flowpost.tasks.acquire:HfDatasetSource",
     "image-folder": "flowpost.tasks.acquire:ImageFolderSource",
     "preference-pairs": "flowpost.tasks.acquire:PreferencePairsSource",

@@ -1,5 +1,5 @@
 """Captioned-media sources (``image-folder``, ``table``, ``webdataset``, ``hf-dataset``, ``video-folder``,
-``preference-pairs``) as train and held-out demonstrations or preference pairs."""
+``preference-pairs``, ``edit-pairs``) as train and held-out demonstrations, preference pairs or edits."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from flowpost.core.config.schema.datasets import DatasetConfig, PromptFilesDatas
 from flowpost.data.bad_items import BadItems
 from flowpost.data.clips import training_clip
 from flowpost.data.preprocess import training_image
-from flowpost.data.records import Demonstration, PreferencePair
-from flowpost.data.sources.items import BadItem, PairItem, SourceItem, caption_text
+from flowpost.data.records import Demonstration, EditPair, PreferencePair
+from flowpost.data.sources.items import BadItem, EditItem, PairItem, SourceItem, caption_text
 from flowpost.data.sources.registry import source_for
 from flowpost.data.splits import held_out
 from flowpost.errors import FlowpostError
 
-Record = Demonstration | PreferencePair
+Record = Demonstration | PreferencePair | EditPair
 
 
 @dataclass
@@ -50,7 +50,12 @@ def captioned_records(config: CaptionedDataset, bad: BadItems, *, where: str) ->
     for item in source_for(config).items(where=where):
         bad.seen += 1
         try:
-            record = _preference_pair(item, config) if isinstance(item, PairItem) else _demonstration(item, config)
+            if isinstance(item, PairItem):
+                record: Record = _preference_pair(item, config)
+            elif isinstance(item, EditItem):
+                record = _edit_pair(item, config)
+            else:
+                record = _demonstration(item, config)
         except BadItem as skipped:
             bad.add(skipped.kind, item.where, str(skipped))
             continue
@@ -100,3 +105,16 @@ def _preference_pair(item: PairItem, config: CaptionedDataset) -> PreferencePair
             raise BadItem(bad.kind, f"{arm} image: {bad}") from None
     key = "pair-" + hashlib.sha256(item.name.encode()).hexdigest()[:16]
     return PreferencePair(key=key, prompt=prompt, metadata=item.metadata, **images)
+
+
+def _edit_pair(item: EditItem, config: CaptionedDataset) -> EditPair:
+    """Source and target preprocessed alike (a random crop takes the same offset for both); a bad one is named."""
+    instruction = caption_text(item.caption, max_chars=config.max_caption_chars)
+    images = {}
+    for part, image in (("source", item.source), ("target", item.target)):
+        try:
+            images[part] = training_image(image, config.preprocess, name=item.name)
+        except BadItem as bad:
+            raise BadItem(bad.kind, f"{part} image: {bad}") from None
+    key = "edit-" + hashlib.sha256(item.name.encode()).hexdigest()[:16]
+    return EditPair(key=key, instruction=instruction, metadata=item.metadata, **images)

@@ -59,6 +59,33 @@ class PreferencePair:
             )
 
 
+@dataclass(frozen=True, eq=False)
+class EditPair:
+    """An edit: an ``instruction``, the ``source`` image it applies to and the ``target`` image it should give,
+    float32 [C, H, W] in [0, 1] of the same shape. Compared by identity: the images are arrays.
+
+    Acquisition keeps the source beside the shards (``assets/sources/<digest>.png``) and stores the pair as a
+    ``Demonstration`` of the target whose prompt names the instruction and the source's digest
+    (``core/edit_prompts.py``): the prompt keys the edit's cached conditions, which hold the source's latents.
+    """
+
+    key: str
+    instruction: str
+    source: np.ndarray
+    target: np.ndarray
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_key(self.key)
+        _check_image(self.key, "source", self.source)
+        _check_image(self.key, "target", self.target)
+        if self.source.shape != self.target.shape:
+            raise ValueError(
+                f"record {self.key!r}: source {tuple(self.source.shape)} and target {tuple(self.target.shape)} "
+                "differ in shape"
+            )
+
+
 def _check_key(key: str) -> None:
     if not key or "." in key:
         raise ValueError(f"record key {key!r} must be non-empty and contain no dots")

@@ -18,14 +18,17 @@ from flowpost.core.io import sha256_file, write_bytes_atomic, write_json_atomic
 from flowpost.core.logging import get_logger
 from flowpost.data.bad_items import BadItems
 from flowpost.data.captioned import captioned_records, check_captioned
+from flowpost.data.edit_pairs import stored_edit
 from flowpost.data.item_progress import item_progress
 from flowpost.data.preprocess import decoding_record
 from flowpost.data.prompt_files import prompt_files_fingerprint, read_prompt_files
+from flowpost.data.records import EditPair
 from flowpost.data.shards import SHARD_SIZE, ShardWriter
 from flowpost.data.sources.registry import source_for
 from flowpost.data.stage_inputs import PROMPTS_FILE
 
 log = get_logger(__name__)
+ASSETS = "assets"  # what an edit dataset keeps beside its shards: the source images
 
 
 def acquire_dataset(
@@ -82,6 +85,12 @@ class PreferencePairsSource(CaptionedMediaSource):
     model = captioned.PreferencePairsDataset
 
 
+class EditPairsSource(CaptionedMediaSource):
+    """``edit-pairs``: the targets in shards, the sources in ``assets/sources/``."""
+
+    model = captioned.EditPairsDataset
+
+
 class WebShardsSource(CaptionedMediaSource):
     """``webdataset``."""
 
@@ -127,10 +136,10 @@ def acquire_images(
     """
     bad, source = BadItems(), source_for(config)
     writers = {name: ShardWriter(out_dir / name, shard_size=shard_size) for name in ("train", "eval")}
-    with _removed_on_failure(out_dir, list(writers)):
+    with _removed_on_failure(out_dir, [*writers, ASSETS]):
         records = captioned_records(config, bad, where=where)
         for name, record in item_progress(records, desc=f"acquire {source.location()}"):
-            writers[name].add(record)
+            writers[name].add(stored_edit(record, out_dir / ASSETS) if isinstance(record, EditPair) else record)
         check_captioned(config, bad, trained=writers["train"].count, where=where)
         shards = {name: writer.close() for name, writer in writers.items() if writer.count}
         for name, manifest in shards.items():

@@ -1,4 +1,5 @@
-"""Node ``conditions.<name>``: encode every unique prompt once into a parquet cache."""
+"""Node ``conditions.<name>``: encode every unique prompt once into a parquet cache (an edit prompt with its
+source image, which its dataset keeps in ``assets/sources/``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def cache_conditions(
     for directory in dataset_dirs:
         prompts += dataset_prompts(directory)
     encoder = condition_encoder(config)
+    if hasattr(encoder, "source_dirs"):  # an edit family's: it reads the source images in the datasets' assets
+        encoder.source_dirs = tuple(directory / "assets" for directory in dataset_dirs)
     try:
         stats = update_condition_cache(out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode)
     finally:

@@ -163,6 +163,7 @@ def validate_pipeline(
         problems += _distillation_problems(name, stage, arguments, pipeline.datasets)
         problems += _guard_problems(name, stage, arguments, pipeline.datasets)
         problems += _stage_model_problems(name, stage)
+        problems += _guidance_problems(name, stage, pipeline)
         problems += quantize_problems(name, stage)
         problems += _stage_channel_problems(name, stage, arguments.execution_contract, pipeline)
         if problems:
@@ -198,6 +199,26 @@ def _stage_model_problems(name: str, stage: StageConfig) -> list[str]:
             "which fsdp2's collective gathers cannot follow; use ddp or deepspeed-zero2"
         )
     return problems
+
+
+def _guidance_problems(name: str, stage: StageConfig, pipeline: PipelineConfig) -> list[str]:
+    """Guidance other than 1 where the stage's family samples without classifier-free guidance: its sampling, its
+    guard's and, when the stage is evaluated, the evaluation's."""
+    from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
+
+    family = stage.model.family
+    if FAMILY_REGISTRY.problem(family, where=f"stages.{name}.model.family") or adapter_class(family).samples_with_cfg:
+        return []
+    settings = [(f"stages.{name}.sampling.guidance", (stage.sampling or SamplingConfig()).guidance)]
+    if stage.guard is not None:
+        settings.append((f"stages.{name}.guard.guidance", stage.guard.guidance))
+    if name in pipeline.evaluate.after:
+        settings.append(("evaluate.guidance", pipeline.evaluate.guidance))
+    return [
+        f"{where}: family {family!r} samples without classifier-free guidance; set it to 1 (got {value})"
+        for where, value in settings
+        if value != 1.0
+    ]
 
 
 def _cache_model_problems(pipeline: PipelineConfig) -> list[str]:

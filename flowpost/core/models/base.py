@@ -42,6 +42,7 @@ class ModelAdapter(ABC):
     options: ClassVar[tuple[str, ...]] = ()  # the constructor options ``model.options`` may set
     guidance_distilled: ClassVar[bool] = False  # no unconditional branch trained (sampled without CFG): FLUX.1
     fsdp_shardable: ClassVar[bool] = True  # every rank runs the same blocks in a pass (not routed experts)
+    samples_with_cfg: ClassVar[bool] = True  # False: guidance other than 1 is refused (qwen-image-edit)
     variants: ComponentVariants | None = None  # the trainable roles, once declared
     compile_settings: tuple[bool, dict[str, Any]] | None = None  # (regional, torch.compile options) once compiled
 
@@ -109,6 +110,11 @@ class ModelAdapter(ABC):
     @abstractmethod
     def latent_shape(self) -> tuple[int, ...]:
         """Shape of one sample's latent (without the batch dimension)."""
+
+    @property
+    def condition_tokens(self) -> int:
+        """Image tokens one sample's conditions add to the transformer's sequence (an edit's source); none here."""
+        return 0
 
     @abstractmethod
     def module(self) -> torch.nn.Module:

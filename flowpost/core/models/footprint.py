@@ -24,7 +24,7 @@ class ModelFootprint:
     trainable_bytes: int  # the trainable ones in their dtype
     blocks: int  # repeated transformer blocks
     hidden: int  # attention heads x head width
-    image_tokens: int  # latent tokens of one sample (frames included)
+    image_tokens: int  # latent tokens of one sample (frames included), with its conditions' image tokens
     checkpointed: int  # gradient checkpointing: the blocks whose activations are recomputed in backward
 
 
@@ -42,7 +42,7 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
         trainable_bytes=sum(tensor_bytes(p) for p in trainable),
         blocks=len(repeated_blocks(network)) // routed,
         hidden=attention_width(config),
-        image_tokens=image_tokens(adapter),
+        image_tokens=image_tokens(adapter) + adapter.condition_tokens,
         checkpointed=checkpointed_blocks(network) // routed,
     )
 

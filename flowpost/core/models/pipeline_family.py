@@ -184,7 +184,7 @@ class PipelineFamily(TransformerAdapter):
         if self.source.torch_dtype is not None:
             options["torch_dtype"] = getattr(torch, self.source.torch_dtype)
         try:
-            parts = self.source.load_overrides(skip=(*networks, "scheduler"))
+            parts = {**self.pipeline_components(), **self.source.load_overrides(skip=(*networks, "scheduler"))}
             pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
                 self.source.path, **networks, scheduler=self.scheduler, **parts, **options
             )
@@ -197,6 +197,11 @@ class PipelineFamily(TransformerAdapter):
     def pipeline_networks(self) -> dict[str, torch.nn.Module]:
         """The pipeline components this model replaces in an export, by component name (LoRA merged)."""
         return {"transformer": without_lora(self.transformer)}
+
+    def pipeline_components(self) -> dict[str, Any]:
+        """Components of the source pipeline that flowpost loads for ``save_pipeline`` instead of diffusers
+        (none here)."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         description = super().describe()

@@ -11,6 +11,7 @@ from flowpost.core.plugins import Registry
 FAMILIES: dict[str, str] = {
     "flux1": "flowpost.core.models.flux1:Flux1Adapter",
     "qwen-image": "flowpost.core.models.qwen_image:QwenImageAdapter",
+    "qwen-image-edit": "flowpost.core.models.qwen_image_edit:QwenImageEditAdapter",
     "sd3": "flowpost.core.models.sd3:SD3Adapter",
     "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
     "wan2": "flowpost.core.models.wan2:Wan2Adapter",

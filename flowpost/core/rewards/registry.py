@@ -22,6 +22,7 @@ REWARDS: dict[str, str] = {
     "ocr": "flowpost.core.rewards.ocr:OcrReward",
     "pickscore": "flowpost.core.rewards.clip:PickScore",
     "remote": "flowpost.core.rewards.remote:RemoteReward",
+    "vlm_edit_judge": "flowpost.core.rewards.vlm_judge:VlmEditJudge",
     "vlm_judge": "flowpost.core.rewards.vlm_judge:VlmJudge",
     "vlm_pairwise_judge": "flowpost.core.rewards.vlm_judge:VlmPairwiseJudge",
 }

@@ -1,18 +1,22 @@
 """``vlm_judge`` and ``vlm_pairwise_judge``: a vision-language model asked a templated question about each image
 (UnifiedReward's pointwise judging), or about two images of a rollout group at once, each sample scoring its win
-rate against the rest of its group (Pref-GRPO's pairwise preference reward)."""
+rate against the rest of its group (Pref-GRPO's pairwise preference reward); ``vlm_edit_judge``: about an edit's
+source image and the edited one (before/after)."""
 
 from __future__ import annotations
 
+import base64
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from flowpost.core.edit_prompts import parse_edit_prompt, source_file
 from flowpost.core.rewards.remote import encode_images
 from flowpost.core.rewards.vlm_backends import ChatEndpoint, LocalVlm, Request
-from flowpost.core.rewards.vlm_questions import NUMBER, Question, build_question
+from flowpost.core.rewards.vlm_questions import EDIT, NUMBER, Question, build_question
 from flowpost.errors import FlowpostError
 
 
@@ -176,3 +180,74 @@ class VlmPairwiseJudge(_Judge):
         if self.wins == "probability":
             return probability
         return 1.0 if probability > 0.5 else 0.5 if probability == 0.5 else 0.0
+
+
+class VlmEditJudge(_Judge):
+    """Each edit's answer to ``question`` about its instruction, the judge seeing the source image first and the
+    edited one second: P(yes) (``yes_prob``) or a number scaled to [0, 1] (``score``), as ``vlm_judge``.
+
+    The prompts are edit prompts (``instruction [source DIGEST]``); the sources come from the edit dataset's
+    ``assets/sources/`` (``assets_dir``, given by the stage or the evaluation)."""
+
+    name = "vlm_edit_judge"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        assets_dir: str | Path | None = None,
+        name: str | None = None,
+        url: str | None = None,
+        question: str | None = None,
+        mode: str = "yes_prob",
+        low: float = 0,
+        high: float = 10,
+        pattern: str = NUMBER,
+        max_tokens: int | None = None,
+        top_logprobs: int = 20,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        concurrency: int = 8,
+        token_env: str | None = None,
+        processor: str | None = None,
+        device: str | None = None,
+        dtype: str = "float32",
+        batch_size: int = 8,
+    ) -> None:
+        if assets_dir is None:
+            raise FlowpostError(
+                "vlm_edit_judge reads the source images an edit-pairs dataset keeps in its assets/; score a stage "
+                "or an evaluation on such a dataset, or give assets_dir",
+                where="options.assets_dir",
+            )
+        self.assets_dir = Path(assets_dir)
+        options = {key: value for key, value in locals().items() if key not in ("self", "model", "assets_dir")}
+        options.pop("__class__", None)
+        if question is None and isinstance(mode, str) and mode in EDIT:
+            options["question"] = EDIT[mode]
+        super().__init__(model, **options)
+
+    def __call__(self, media: Tensor, prompts: list[str], metadata: list[dict[str, Any]]) -> Tensor:
+        edited = encode_images(media)
+        requests = []
+        for image, prompt in zip(edited, prompts, strict=True):
+            instruction, source = self._source(prompt)
+            requests.append(([source, image], self.question.text(instruction)))
+        return torch.tensor(self.values(requests, media.device), dtype=torch.float32, device=media.device)
+
+    def _source(self, prompt: str) -> tuple[str, str]:
+        """The instruction of an edit prompt and its source image as base64 PNG."""
+        parsed = parse_edit_prompt(prompt)
+        if parsed is None:
+            raise FlowpostError(
+                f"vlm_edit_judge scores edits, and prompt {prompt!r} names no source image; score an edit-pairs "
+                "dataset",
+                where="rewards",
+            )
+        path = source_file(self.assets_dir, parsed[1])
+        if not path.is_file():
+            raise FlowpostError(
+                f"the source image of {prompt!r} is missing; re-run the acquisition of its dataset", where=str(path)
+            )
+        return parsed[0], base64.b64encode(path.read_bytes()).decode("ascii")

@@ -27,6 +27,13 @@ PAIRWISE = {
     "better: {low} means the second image, {high} the first. Answer with the number only.",
 }
 
+EDIT = {
+    "yes_prob": 'The second image is the first after the edit "{prompt}". Does it follow the instruction and keep '
+    "the rest of the first image? Answer yes or no.",
+    "score": 'The second image is the first after the edit "{prompt}". Rate from {low} to {high} how well it '
+    "follows the instruction and keeps the rest of the first image. Answer with the number only.",
+}
+
 
 @dataclass(frozen=True)
 class Answer:

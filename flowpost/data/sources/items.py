@@ -58,6 +58,19 @@ class PairItem:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EditItem:
+    """One edit, not yet decoded: named and located like a ``SourceItem``; the source and target images are each
+    a file or the encoded bytes; ``caption`` is the raw instruction."""
+
+    name: str
+    where: str
+    source: Path | bytes
+    target: Path | bytes
+    caption: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
 def caption_field(fields: dict[str, Any], column: str | None) -> tuple[str | None, Any]:
     """The caption column of a row (``column``, else the first of ``text``, ``caption`` present) and its value."""
     names = (column,) if column is not None else DEFAULT_CAPTION_COLUMNS

@@ -6,6 +6,7 @@ from typing import Any
 
 from flowpost.core.config.schema import captioned as models
 from flowpost.data.sources.base import CaptionedSource
+from flowpost.data.sources.edit_pairs import EditPairsSource
 from flowpost.data.sources.hf_dataset import HfSource
 from flowpost.data.sources.image_folder import ImageFolderSource
 from flowpost.data.sources.preference_pairs import PairsSource
@@ -18,6 +19,7 @@ SOURCE_READERS: dict[type[models.CaptionedDataset], type[CaptionedSource[Any]]] 
     models.TableDataset: TableSource,
     models.VideoFolderDataset: VideoFolderSource,
     models.PreferencePairsDataset: PairsSource,
+    models.EditPairsDataset: EditPairsSource,
     models.WebShardsDataset: WebShardsSource,
     models.HfDataset: HfSource,
 }

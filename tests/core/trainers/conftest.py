@@ -11,6 +11,8 @@ import pytest
 import torch
 from pipeline_families import PIPELINE_FAMILIES
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
+from tiny_qwen_image_edit_pipeline import RESOLUTION as QWEN_IMAGE_EDIT_RESOLUTION
+from tiny_qwen_image_edit_pipeline import seeded_edit_states
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
@@ -139,6 +141,16 @@ def qwen_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, qwen_image_pi
     encode = load_qwen_image_adapter(qwen_image_pipeline_dir).encode_conditions
     shape = (3, QWEN_IMAGE_RESOLUTION, QWEN_IMAGE_RESOLUTION)
     return write_stage_data(tmp_path_factory.mktemp("qwen-image-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def qwen_image_edit_data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The demonstrations as RGB targets at the tiny Qwen-Image-Edit resolution, each prompt's edit conditions
+    seeded (token states and 4x4 source tokens: the stock 1024 px sources take seconds each to encode)."""
+    shape = (3, QWEN_IMAGE_EDIT_RESOLUTION, QWEN_IMAGE_EDIT_RESOLUTION)
+    return write_stage_data(
+        tmp_path_factory.mktemp("qwen-image-edit-data"), image_shape=shape, encode=seeded_edit_states
+    )
 
 
 @pytest.fixture(scope="session")

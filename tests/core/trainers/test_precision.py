@@ -81,7 +81,8 @@ def test_full_fine_tuning_of_a_bf16_model_keeps_fp32_master_weights(
 def test_the_vae_of_a_bf16_family_encodes_and_decodes_in_fp32(load_family, family) -> None:
     adapter, full = load_family(family, **BF16)["adapter"], load_family(family)["adapter"]
     assert {p.dtype for p in adapter.vae.parameters()} == {torch.float32}
-    media = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    side = getattr(adapter, "resolution", 16)  # the packed-latent families' own
+    media = torch.rand(2, 3, side, side, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         latents = adapter.encode_output_state(media)
         assert torch.equal(latents, full.encode_output_state(media))  # what an fp32 load encodes, bit for bit

@@ -2,6 +2,7 @@
 
 from flowpost.core.config.schema.captioned import (
     CaptionedDataset,
+    EditPairsDataset,
     FileDataset,
     HfDataset,
     ImageFolderDataset,
@@ -59,6 +60,7 @@ __all__ = [
     "DatasetBase",
     "DatasetConfig",
     "EMAConfig",
+    "EditPairsDataset",
     "EncoderModelConfig",
     "EvaluateConfig",
     "ExportConfig",

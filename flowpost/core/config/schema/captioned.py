@@ -80,6 +80,19 @@ class PreferencePairsDataset(FileDataset):
     rejected_column: str = Field("rejected", description="a table's field of the dispreferred image")
 
 
+class EditPairsDataset(FileDataset):
+    """Edits from a table: an instruction, a source image and the target image the instruction should give;
+    the sources are kept in the dataset's ``assets/sources/``, where its conditions node reads them."""
+
+    WRITES_ASSETS = True
+
+    source: Literal["edit-pairs"] = "edit-pairs"
+    path: str = Field(description="a .parquet/.csv/.jsonl table of instructions, source and target images")
+    caption_column: str | None = Field("instruction", description="the field holding each edit's instruction")
+    source_column: str = Field("source", description="the field of the image the instruction applies to")
+    target_column: str = Field("target", description="the field of the image the edit should give")
+
+
 class WebShardsDataset(CaptionedDataset):
     """Existing ``.tar`` shards, local or at fsspec URLs, read as a stream."""
 

@@ -1,0 +1,92 @@
+"""``examples/qwen-image-edit.yaml``, shrunk to the tiny random Qwen-Image-Edit folder, a tiny judge and two random
+edits, runs under ``flowpost run``: edit pairs -> conditions -> SFT -> GRPO judged before/after -> export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from pretrained_stage import TINY_ROLLOUTS
+from tiny_qwen_image_edit_pipeline import INSTRUCTIONS, MAX_LENGTH, RESOLUTION, load_stock_edit_pipeline
+from tiny_vlm import build_tiny_vlm
+
+from flowpost.core.edit_prompts import parse_edit_prompt, source_file
+from flowpost.core.events import read_events
+from flowpost.core.models.qwen_image_edit import QwenImageEditAdapter
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "qwen-image-edit.yaml"
+EDITS = 2
+
+
+def write_edits(folder: Path, count: int = EDITS) -> Path:
+    """``count`` random 40 px source and target PNGs and the table naming them with instructions."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    rows = []
+    for i in range(count):
+        for part in ("source", "target"):
+            pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{part}-{i}.png")
+        rows.append(
+            {
+                "instruction": INSTRUCTIONS[i % len(INSTRUCTIONS)],
+                "source": f"source-{i}.png",
+                "target": f"target-{i}.png",
+            }
+        )
+    table = folder / "pairs.jsonl"
+    table.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return table
+
+
+@pytest.mark.slow  # about 2 min here: a Prefect server, two stage processes, 1024 px sources
+def test_edit_pairs_train_through_sft_and_grpo_and_export(qwen_image_edit_pipeline_dir, tmp_path: Path) -> None:
+    config = yaml.safe_load(EXAMPLE.read_text())
+    folder, judge = str(qwen_image_edit_pipeline_dir), str(build_tiny_vlm(tmp_path / "judge"))
+    config["smoke"] = True
+    config["datasets"]["edits"].update(
+        path=str(write_edits(tmp_path / "edits")),
+        preprocess={"resolution": RESOLUTION, "mode": "rgb"},
+        split={"eval": 0.0},
+    )
+    config["conditions"]["qwen"].update(max_length=MAX_LENGTH)
+    config["conditions"]["qwen"]["model"]["pretrained"] = folder
+    for name in ("sft", "grpo"):
+        stage = config["stages"][name]
+        stage["model"].update(pretrained=folder, torch_dtype="float32", lora={"rank": 4, "alpha": 8})
+        stage["model"]["options"] = {"resolution": RESOLUTION}
+        stage["launch"] = {"mixed_precision": "no"}
+    config["stages"]["sft"]["train"].update(batch_size=2, max_steps=2, checkpoint_every=0)
+    grpo = config["stages"]["grpo"]
+    grpo["sampling"].update(steps=3)
+    grpo["rewards"][0]["options"] = {"model": judge}
+    grpo["train"].update(TINY_ROLLOUTS, train_batch_size=2, checkpoint_every=0, log_every=1)
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config, sort_keys=False))  # stages in order
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "flowpost.cli", "run", "pipeline.yaml", "--workspace", "ws"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    (acquired,) = (tmp_path / "ws" / "acquire.edits").glob("*/manifest.json")
+    edits = [parse_edit_prompt(prompt) for prompt in json.loads(acquired.read_text())["train_prompts"]]
+    assert len(edits) == EDITS and all(edit is not None for edit in edits)
+    assert all(source_file(acquired.parent / "assets", digest).is_file() for _, digest in edits)
+    (sft_events,) = (tmp_path / "ws" / "train.sft").glob("*/events.jsonl")
+    assert any(e["event"] == "done" for e in read_events(sft_events))
+    (grpo_events,) = (tmp_path / "ws" / "train.grpo").glob("*/events.jsonl")
+    (metrics,) = [e["metrics"] for e in read_events(grpo_events) if e["event"] == "progress"]
+    assert 0 <= metrics["reward/vlm_edit_judge_mean"] <= 1 and metrics["reward/vlm_edit_judge_std"] >= 0
+    (export,) = (path.parent for path in (tmp_path / "ws" / "export").glob("*/model_index.json"))
+    assert QwenImageEditAdapter.from_pretrained(export).resolution == RESOLUTION
+    stock = load_stock_edit_pipeline(export)  # the stock edit pipeline loads the exported folder
+    exported = stock.transformer.state_dict()
+    trained = QwenImageEditAdapter.from_pretrained(export).module().state_dict()
+    assert all(torch.equal(exported[name], value) for name, value in trained.items())
