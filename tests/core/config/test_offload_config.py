@@ -63,7 +63,9 @@ def test_the_vae_of_a_stage_that_encodes_every_batch_is_refused(tiny_pipeline, s
 
 
 def test_rewards_of_a_stage_without_rewards_are_refused(tiny_pipeline) -> None:
-    assert f"{WHERE}: rewards: the stage scores no rewards; remove it" in _refusal(_offloading(tiny_pipeline, "rewards"))
+    assert f"{WHERE}: rewards: the stage scores no rewards; remove it" in _refusal(
+        _offloading(tiny_pipeline, "rewards")
+    )
 
 
 @pytest.mark.parametrize(
