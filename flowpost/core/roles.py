@@ -211,12 +211,10 @@ class Snapshots:
         params = dict(_resharded(module).named_parameters())
         live = {key: params[key].detach().clone() for key in snapshot}
         with torch.no_grad():
-            for key in snapshot:
-                param = params[key]
-                if hosted:
-                    param.copy_(snapshot[key], non_blocking=True)
-                else:
-                    param.copy_(self._on_device(snapshot, key, param.device))
+            for key in snapshot:  # a hosted tensor moves on its own first, one at a time (asynchronously when pinned)
+                device = params[key].device
+                held = snapshot[key].to(device, non_blocking=True) if hosted else self._on_device(snapshot, key, device)
+                params[key].copy_(held)
         try:
             yield module
         finally:

@@ -212,3 +212,20 @@ def test_on_cuda_offloaded_networks_and_snapshots_sit_in_pinned_host_memory() ->
         expected = network(x)
         with snapshots.swapped_in("ref", network):
             assert torch.equal(network(x), expected)
+
+
+def test_the_replay_with_an_offloaded_reference_runs_on_the_latents_device(make_trainer, tmp_path) -> None:
+    """The network and the rollout on ``meta``, the reference in host memory: every torch call of the replay sees
+    one device (the snapshot moves on its own first), and the snapshot stays on the host."""
+    from one_device import OneDevice, rollout_on
+
+    meta = torch.device("meta")
+    trainer = make_trainer(tmp_path, cls=GRPOTrainer, kl_beta=0.1, offload=["ref"], **ONLINE)
+    rollout = trainer.generate()
+    trainer.rollouts.score(rollout)
+    batch = rollout_on(trainer, rollout, meta).select([0, 1, 2, 3])
+    batch.log_probs, batch.means = batch.log_probs.to(meta), batch.means.to(meta)
+    with OneDevice():
+        parts = list(trainer.replay_loss(batch, scale=1.0))
+    assert parts and all(part.device == meta for part in parts)
+    assert all(t.device.type == "cpu" for t in trainer.adapter.snapshots.state_dict("ref").values())
