@@ -9,8 +9,8 @@ A network used outside its phases is still correct: its own code moves it (``vae
 the next phase boundary moves it back. On the CPU the device is the host: nothing is copied or moved.
 
 Offloaded snapshots (reference, EMA, teacher, ...) are held by ``roles.Snapshots`` in host memory all the time
-(``keep_on_host``) and copied straight into the network's weights when swapped in (``host_tensor`` makes their
-copies).
+(``keep_on_host``; ``host_tensor`` makes their copies) and moved, one tensor at a time, into the network's weights
+when swapped in.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from types import FunctionType, MethodType, ModuleType
 
 import torch
 from torch import Tensor, nn
-
-OFFLOADABLE_NETWORKS = ("vae", "rewards")  # offload names besides the snapshots'
 
 
 def pinned(device: torch.device) -> bool:
@@ -119,10 +117,6 @@ class HeldNetworks:
                 host, device = held
                 _point(module, name, host.to(device, non_blocking=host.is_pinned()))
 
-    def on_device(self) -> bool:
-        """Whether any of the networks' tensors is on an accelerator."""
-        return any(tensor.device.type not in ("cpu", "meta") for _, _, tensor in self._slots())
-
     def host_bytes(self) -> int:
         """Bytes of the host copies made so far."""
         return sum(host.numel() * host.element_size() for host, _ in self._host.values())
@@ -130,11 +124,10 @@ class HeldNetworks:
 
 def _point(module: nn.Module, name: str, value: Tensor) -> None:
     """Make ``module``'s parameter or buffer ``name`` hold ``value`` (the Parameter object stays the same)."""
-    if name in module._parameters:
-        parameter = module._parameters[name]
-        assert parameter is not None
-        parameter.data = value
-    else:
+    current = getattr(module, name)
+    if isinstance(current, nn.Parameter):
+        current.data = value
+    else:  # a registered buffer: assigning replaces it in the module's buffers
         setattr(module, name, value)
 
 
