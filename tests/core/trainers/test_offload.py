@@ -164,6 +164,8 @@ def test_the_vae_and_the_reward_models_are_resident_only_in_the_phases_that_run_
     assert set(residency.units) == {"vae", "rewards"} and trainer.adapter.snapshots.hosted() == ["ref"]
     assert residency.units["vae"].phases == {"reward", "evaluation"}
     assert residency.units["rewards"].phases == {"reward"}
+    # found inside the weighted sum, its frame selection and the scorer: the CLIP model the scorer holds
+    assert [type(network).__name__ for network in residency.units["rewards"].networks()] == ["CLIPModel"]
     trainer.start()
     device = trainer.accelerator.device.type
     phases = {phase for phase, _, _ in recorder.seen}
