@@ -149,11 +149,13 @@ class Snapshots:
 
     def keep_on_host(self, names: Iterable[str], device: torch.device) -> None:
         """Hold snapshots ``names`` in host memory from now on, for weights on ``device`` (those held already move)."""
-        for name in names:
-            self._hosted[name] = device
-            if name in self._store:
-                self._store[name] = self._stored(name, self._store[name])
-        settle(device)
+        names = list(names)
+        held = [name for name in names if name in self._store]
+        self._hosted.update(dict.fromkeys(names, device))
+        for name in held:
+            self._store[name] = self._stored(name, self._store[name])
+        if held:
+            settle(device)
 
     def _stored(self, name: str, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """New fp32 copies of ``values`` where snapshot ``name`` is held: the host, or where they are."""
