@@ -7,8 +7,9 @@ is read).
 Each row is a GRPO stage with bf16 weights and bf16 autocast, one training sample per GPU without CFG,
 ``kl_beta`` 0.04 (a reference snapshot), no EMA; one GPU replicated (ddp), eight sharded (fsdp2). A LoRA stage
 over an int8 base (``model.quantize``) trains in one process only, so it has no eight-GPU figure; the row with every
-memory option adds 8-bit AdamW moments and gradient checkpointing of every block. The offloaded column is the one-GPU
-stage with ``offload: [ref, vae]``: the reference snapshot and the VAE held in host memory (how much in brackets).
+memory option adds 8-bit AdamW moments and gradient checkpointing of every block. A family whose ranks run
+different blocks (Wan2.2-A14B's experts) has no fsdp2 figure either. The offloaded column is the one-GPU stage with
+``offload: [ref, vae]``: the reference snapshot and the VAE held in host memory (how much in brackets).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.memory import GIB
+from flowpost.core.models.registry import adapter_class
 from flowpost.tasks.preflight import params_text, stage_estimate, stage_memory
 
 SHAPES = Path(__file__).resolve().parent
@@ -34,6 +36,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {  # family -> (shap
         {"height": 480, "width": 832, "num_frames": 33, "gradient_checkpointing": True},
         512,
     ),
+    "wan22-a14b": (
+        "wan2.2-t2v-a14b",
+        "Wan2.2-T2V-A14B (both experts), 480x832x33, checkpointed",
+        {"height": 480, "width": 832, "num_frames": 33, "gradient_checkpointing": True},
+        512,
+    ),
 }
 FINE_TUNES: dict[str, dict[str, Any]] = {  # stage suffix -> model.lora and model.quantize
     "lora": {"lora": {"rank": 32}},
@@ -42,8 +50,6 @@ FINE_TUNES: dict[str, dict[str, Any]] = {  # stage suffix -> model.lora and mode
     "full": {"lora": None},
 }
 SMALLEST = "lora-int8-8bit"
-
-
 OFFLOADED = ["ref", "vae"]
 
 
@@ -56,7 +62,7 @@ def pipeline(prompts: Path, gpus: int, *, offload: bool = False) -> dict[str, An
         key = family.replace("-", "")
         conditions[key] = {"model": source, "datasets": ["prompts"], "max_length": tokens}
         for suffix, fine_tune in FINE_TUNES.items():
-            if gpus > 1 and "quantize" in fine_tune:
+            if gpus > 1 and ("quantize" in fine_tune or not adapter_class(family).fsdp_shardable):
                 continue
             smallest = suffix == SMALLEST
             stages[f"{key}-{suffix}"] = {
