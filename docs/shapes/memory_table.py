@@ -8,7 +8,8 @@ Each row is a GRPO stage with bf16 weights and bf16 autocast, one training sampl
 ``kl_beta`` 0.04 (a reference snapshot), no EMA; one GPU replicated (ddp), eight sharded (fsdp2). A LoRA stage
 over an int8 base (``model.quantize``) trains in one process only, so it has no eight-GPU figure; the row with every
 memory option adds 8-bit AdamW moments and gradient checkpointing of every block. A family whose ranks run
-different blocks (Wan2.2-A14B's experts) has no fsdp2 figure either.
+different blocks (Wan2.2-A14B's experts) has no fsdp2 figure either. The offloaded column is the one-GPU stage with
+``offload: [ref, vae]``: the reference snapshot and the VAE held in host memory (how much in brackets).
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ FINE_TUNES: dict[str, dict[str, Any]] = {  # stage suffix -> model.lora and mode
     "full": {"lora": None},
 }
 SMALLEST = "lora-int8-8bit"
+OFFLOADED = ["ref", "vae"]
 
 
-def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
-    """One GRPO stage per family and fine-tune type on ``gpus`` GPUs (on one, also over an int8 base)."""
+def pipeline(prompts: Path, gpus: int, *, offload: bool = False) -> dict[str, Any]:
+    """One GRPO stage per family and fine-tune type on ``gpus`` GPUs (on one, also over an int8 base); ``offload``:
+    with the reference and the VAE offloaded."""
     conditions, stages = {}, {}
     for family, (folder, _, options, tokens) in FAMILIES.items():
         source = {"family": family, "pretrained": str(SHAPES / folder)}
@@ -77,9 +80,11 @@ def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
                     "prompts_per_iteration": gpus,
                     "group_size": 2,
                     "train_batch_size": gpus,
+                    "kl_beta": 0.04,
                     **({"optimizer": "adamw8bit"} if smallest else {}),
                 },
                 "launch": {"num_processes": gpus, "backend": "fsdp2" if gpus > 1 else "ddp", "mixed_precision": "bf16"},
+                **({"offload": OFFLOADED} if offload else {}),
             }
     return {
         "name": "memory-table",
@@ -91,15 +96,18 @@ def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
 
 
 def table() -> str:
-    """The markdown table: family, fine-tune, trainable parameters, GiB per GPU at 1 and 8 GPUs."""
+    """The markdown table: family, fine-tune, trainable parameters, GiB per GPU at 1 GPU (also with the reference
+    and the VAE offloaded, the host memory they take in brackets) and at 8 GPUs."""
     with tempfile.TemporaryDirectory() as folder:
         prompts = Path(folder) / "prompts.txt"
         prompts.write_text("a photo of a cat\n")
         one = validate_pipeline(pipeline(prompts, 1))
+        offloaded = validate_pipeline(pipeline(prompts, 1, offload=True))
         eight = validate_pipeline(pipeline(prompts, 8))
     lines = [
-        "| model (shape) | fine-tune | trainable | transformer | GiB per GPU, 1 GPU | GiB per GPU, 8 GPUs (fsdp2) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| model (shape) | fine-tune | trainable | transformer | GiB per GPU, 1 GPU | 1 GPU, ref and VAE offloaded "
+        "(host GiB) | GiB per GPU, 8 GPUs (fsdp2) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     labels = {f"{family.replace('-', '')}-": label for family, (_, label, _, _) in FAMILIES.items()}
     for row in stage_memory(one):
@@ -108,13 +116,14 @@ def table() -> str:
         at_eight = (
             f"{stage_estimate(eight, row.stage, row.footprint).total / GIB:.1f}" if row.stage in eight.stages else "-"
         )
+        host = stage_estimate(offloaded, row.stage, row.footprint)
         fine_tune = row.fine_tune + (
             ", checkpointed" if row.stage.endswith(SMALLEST) and "checkpointed" not in label else ""
         )
         lines.append(
             f"| {label} | {fine_tune} | {params_text(row.footprint.trainable)} | "
             f"{params_text(row.footprint.parameters - (row.footprint.trainable if row.fine_tune != 'full' else 0))} | "
-            f"{row.estimate.total / GIB:.1f} | {at_eight} |"
+            f"{row.estimate.total / GIB:.1f} | {host.total / GIB:.1f} ({host.host / GIB:.1f}) | {at_eight} |"
         )
     return "\n".join(lines)
 

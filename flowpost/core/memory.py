@@ -16,6 +16,10 @@ summed over the layers, taken as ``trainable / (2 * hidden)`` (each layer about 
 sides), over every token (a layer of one stream of a dual-stream block sees fewer: an upper bound).
 The VAE (``codec``) is held whole, in fp32, by every process that encodes or decodes. Workspace, fragmentation,
 the CUDA context, the VAE's own activations and the reward model come on top.
+
+Offloaded snapshots and an offloaded VAE (``stages.NAME.offload``) leave the device's total and count as ``host``
+memory, per process: a snapshot lives in host memory and is copied into the weights when swapped in; the VAE
+is on the device only in the phases that decode (rewards, evaluation), which hold no gradients or activations.
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ class MemoryEstimate:
     snapshots: float
     activations: float
     codec: float = 0.0
+    host: float = 0.0  # offloaded snapshots and VAE, in this process's host memory: not in ``total``
 
     @property
     def total(self) -> float:
+        """Bytes on the device."""
         return self.weights + self.gradients + self.optimizer + self.snapshots + self.activations + self.codec
 
 
@@ -60,11 +66,14 @@ def estimate_memory(
     lora: bool = False,
     eight_bit_roles: int = 0,
     codec_bytes: float = 0.0,
+    hosted_snapshots: int = 0,
+    hosted_codec: bool = False,
 ) -> MemoryEstimate:
     """Per-GPU bytes for ``roles`` trainable copies (LoRA: adapters on one shared base) and ``snapshots``,
     training ``micro_batch`` samples per GPU of ``image_tokens + text_tokens`` tokens; ``lora``: the trainable
     parameters are adapters, whose intermediates grow with their rank; ``eight_bit_roles`` of the roles step
-    ``adamw8bit``; ``codec_bytes``: the VAE the stage holds (not sharded)."""
+    ``adamw8bit``; ``codec_bytes``: the VAE the stage holds (not sharded); ``hosted_snapshots`` more snapshots and,
+    with ``hosted_codec``, the VAE are offloaded to the host."""
     frozen = footprint.weight_bytes - footprint.trainable_bytes
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
@@ -82,7 +91,8 @@ def estimate_memory(
         * state_share,
         snapshots=snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE * weight_share,
         activations=micro_batch * per_sample,
-        codec=codec_bytes,
+        codec=0.0 if hosted_codec else codec_bytes,
+        host=hosted_snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE + (codec_bytes if hosted_codec else 0.0),
     )
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
+from flowpost.core.residency import host_tensor, pinned, settle
 from flowpost.core.snapshots import SNAPSHOT_NAMES
 
 
@@ -125,10 +126,16 @@ def role_problems(roles: Sequence[str]) -> list[str]:
 
 
 class Snapshots:
-    """Holds named fp32 copies of a module's trainable parameters and swaps them in on demand."""
+    """Holds named fp32 copies of a module's trainable parameters and swaps them in on demand.
+
+    A snapshot kept on the host (``keep_on_host``: ``stages.NAME.offload``) is held in host memory (page-locked
+    for a CUDA device) whenever it is captured, loaded or updated, and swapped in by copying it straight into
+    the weights; any other one moves to the weights' device on its first use and stays there.
+    """
 
     def __init__(self) -> None:
         self._store: dict[str, dict[str, torch.Tensor]] = {}
+        self._hosted: dict[str, torch.device] = {}  # snapshots kept on the host -> the device they serve
 
     def __contains__(self, name: str) -> bool:
         return name in self._store
@@ -136,28 +143,52 @@ class Snapshots:
     def names(self) -> list[str]:
         return sorted(self._store)
 
+    def hosted(self) -> list[str]:
+        """The snapshot names kept on the host (captured or not yet)."""
+        return sorted(self._hosted)
+
+    def keep_on_host(self, names: Iterable[str], device: torch.device) -> None:
+        """Hold snapshots ``names`` in host memory from now on, for weights on ``device`` (those held already move)."""
+        names = list(names)
+        held = [name for name in names if name in self._store]
+        self._hosted.update(dict.fromkeys(names, device))
+        for name in held:
+            self._store[name] = self._stored(name, self._store[name])
+        if held:
+            settle(device)
+
+    def _stored(self, name: str, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """New fp32 copies of ``values`` where snapshot ``name`` is held: the host, or where they are."""
+        device = self._hosted.get(name)
+        if device is None:
+            return {key: value.detach().to(torch.float32).clone() for key, value in values.items()}
+        return {key: host_tensor(value, pin=pinned(device), dtype=torch.float32) for key, value in values.items()}
+
     @torch.no_grad()
     def capture(self, name: str, module: nn.Module) -> None:
         """Store the current trainable parameters of ``module`` under ``name``."""
         _resharded(module)
-        self._store[name] = {
-            key: param.detach().to(torch.float32).clone()
-            for key, param in module.named_parameters()
-            if param.requires_grad
-        }
+        self._store[name] = self._stored(
+            name, {key: param for key, param in module.named_parameters() if param.requires_grad}
+        )
 
     @torch.no_grad()
     def ema_update(self, name: str, module: nn.Module, decay: float) -> None:
-        """snapshot <- decay * snapshot + (1 - decay) * live, creating it on first use."""
+        """snapshot <- decay * snapshot + (1 - decay) * live, creating it on first use; a snapshot kept on the
+        host is updated on the weights' device, one tensor at a time, and copied back."""
         if name not in self._store:
             self.capture(name, module)
             return
-        snapshot = self._store[name]
+        snapshot, hosted = self._store[name], name in self._hosted
         _resharded(module)
         for key, param in module.named_parameters():
-            if key in snapshot:
-                value = self._on_device(snapshot, key, param.device)
-                value.lerp_(param.detach().to(torch.float32), 1.0 - decay)
+            if key not in snapshot:
+                continue
+            held = snapshot[key]
+            value = held.to(param.device, non_blocking=True) if hosted else self._on_device(snapshot, key, param.device)
+            value.lerp_(param.detach().to(torch.float32), 1.0 - decay)
+            if value is not held and hosted:
+                held.copy_(value, non_blocking=True)  # read on the host only after ``state_dict`` settles it
 
     @staticmethod
     def _on_device(snapshot: dict[str, torch.Tensor], key: str, device: torch.device) -> torch.Tensor:
@@ -168,20 +199,24 @@ class Snapshots:
         return value
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
+        if name in self._hosted:
+            settle(self._hosted[name])  # the copies an EMA update queued have landed
         return self._store[name]
 
     def load_state_dict(self, name: str, state: dict[str, torch.Tensor]) -> None:
-        self._store[name] = {key: value.to(torch.float32).clone() for key, value in state.items()}
+        self._store[name] = self._stored(name, state)
 
     @contextlib.contextmanager
     def swapped_in(self, name: str, module: nn.Module) -> Iterator[nn.Module]:
         """Temporarily load snapshot ``name`` into ``module``; the live weights come back after."""
-        snapshot = self._store[name]
+        snapshot, hosted = self._store[name], name in self._hosted
         params = dict(_resharded(module).named_parameters())
         live = {key: params[key].detach().clone() for key in snapshot}
         with torch.no_grad():
-            for key in snapshot:
-                params[key].copy_(self._on_device(snapshot, key, params[key].device))
+            for key in snapshot:  # a hosted tensor moves on its own first, one at a time (asynchronously when pinned)
+                device = params[key].device
+                held = snapshot[key].to(device, non_blocking=True) if hosted else self._on_device(snapshot, key, device)
+                params[key].copy_(held)
         try:
             yield module
         finally:

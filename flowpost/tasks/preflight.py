@@ -71,18 +71,22 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
     """Stage ``name``'s memory per GPU for a network of ``footprint``: its layout, roles, snapshots and batch."""
     stage = config.stages[name]
     model = base_model(config, name) or stage.model
+    held = stage_snapshots(stage)
+    hosted = {snapshot for snapshot in held if snapshot in stage.offload}
     return estimate_memory(
         footprint,
         world_size=stage.launch.num_processes,
         backend=stage.launch.backend,
         roles=max(1, len(trainer_class(stage.trainer).required_trainable_roles)),
         eight_bit_roles=eight_bit_roles(stage),
-        snapshots=len(stage_snapshots(stage)),
+        snapshots=len(held - hosted),
+        hosted_snapshots=len(hosted),
         micro_batch=micro_batch_per_gpu(stage),
         text_tokens=text_tokens(config, stage),
         activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
         lora=stage.model.lora is not None,
         codec_bytes=codec_bytes(stage, model),
+        hosted_codec="vae" in stage.offload,
     )
 
 
@@ -188,17 +192,18 @@ def over_budget(rows: list[StageMemory], gpu_memory: float | None) -> list[str]:
 
 COLUMNS = (
     *("stage", "family", "fine-tune", "GPUs", "trainable"),
-    *("weights", "grads", "optimizer", "snapshots", "activations", "VAE", "total"),
+    *("weights", "grads", "optimizer", "snapshots", "activations", "VAE", "total", "host"),
 )
 
 
 def cells(row: StageMemory) -> list[str]:
-    """``row`` as the ``COLUMNS`` of a table: parameter counts in billions or millions, memory in GiB."""
+    """``row`` as the ``COLUMNS`` of a table: parameter counts in billions or millions, memory in GiB (``host``:
+    what ``offload`` keeps in each process's host memory instead)."""
     head = [row.stage, row.family, row.fine_tune, str(row.world_size)]
     if row.estimate is None or row.footprint is None:
         return [*head, row.note, *[""] * (len(COLUMNS) - len(head) - 1)]
     e = row.estimate
-    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.total)
+    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.total, e.host)
     return [*head, params_text(row.footprint.trainable), *(f"{part / GIB:.1f}" for part in parts)]
 
 

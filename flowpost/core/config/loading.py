@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from flowpost.core.config.export_formats import export_format_problems
+from flowpost.core.config.offload_checks import offload_problems
 from flowpost.core.config.quantize_checks import quantize_problems
 from flowpost.core.config.schema.captioned import CaptionedDataset
 from flowpost.core.config.schema.datasets import (
@@ -165,6 +166,7 @@ def validate_pipeline(
         problems += _stage_model_problems(name, stage)
         problems += _guidance_problems(name, stage, pipeline)
         problems += quantize_problems(name, stage)
+        problems += offload_problems(name, stage, arguments, network_model(pipeline, name))
         problems += _stage_channel_problems(name, stage, arguments.execution_contract, pipeline)
         if problems:
             raise FlowpostError("invalid configuration:\n  " + "\n  ".join(problems), where=source)

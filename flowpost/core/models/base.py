@@ -173,6 +173,10 @@ class ModelAdapter(ABC):
     def decode(self, latents: Tensor) -> Tensor:
         """Latents to media in [0, 1]."""
 
+    def loaded_codec(self) -> torch.nn.Module | None:
+        """The output codec's network (the VAE) once loaded; None in pixel space or before its first use."""
+        return None
+
     def codec_fingerprint(self) -> str:
         """Identifies what ``encode_output_state`` computes, as a latent cache records it: the family and its
         output codec (families with a VAE add its weights)."""

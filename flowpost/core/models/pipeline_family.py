@@ -255,6 +255,9 @@ class PipelineFamily(TransformerAdapter):
         source = dataclasses.replace(self.source, torch_dtype="float32")
         return source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
 
+    def loaded_codec(self) -> torch.nn.Module | None:
+        return self.__dict__.get("vae")  # what the ``vae`` property cached, without loading it
+
     def vae_on(self, device: torch.device) -> torch.nn.Module:
         """The VAE on ``device``, moved only when it is elsewhere (``Module.to`` walks every module, each step)."""
         vae = self.vae

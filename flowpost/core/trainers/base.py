@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 import signal
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,9 +31,10 @@ from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.precision import upcast_trainable
 from flowpost.core.parallel import parallel_layout
 from flowpost.core.progress import TrainingProgress, describe_position
+from flowpost.core.residency import Residency
 from flowpost.core.roles import role_problems
 from flowpost.core.sampling.config import SamplingConfig
-from flowpost.core.snapshots import Snapshot
+from flowpost.core.snapshots import SNAPSHOT_NAMES, Snapshot
 from flowpost.core.trainers.arguments import TrainerArguments
 from flowpost.core.trainers.bad_steps import BadSteps, step_is_finite
 from flowpost.core.trainers.checkpoints import CheckpointManager, Resumed
@@ -169,6 +171,11 @@ class BaseTrainer(ABC):
             sample_kind="generated" if self.acquisition is Acquisition.GENERATION else "training examples",
             frames=int(getattr(adapter, "num_frames", 1)),  # a video family's frames per sample
         )
+        self.residency = Residency(self.accelerator.device)  # offloaded networks, placed at each phase boundary
+        offload = set(spec.offload)
+        adapter.snapshots.keep_on_host(sorted(offload & SNAPSHOT_NAMES), self.accelerator.device)
+        if "vae" in offload:
+            self.residency.add("vae", self._loaded_codec, self.codec_phases())
         roles = self.required_trainable_roles
         if roles:
             check_role_optimizers(
@@ -239,6 +246,21 @@ class BaseTrainer(ABC):
                 where=f"stages.{self.stage}.trainer",
             )
 
+    def _loaded_codec(self) -> list[torch.nn.Module]:
+        codec = self.adapter.loaded_codec()
+        return [] if codec is None else [codec]
+
+    def codec_phases(self) -> set[str]:
+        """The phases that run the VAE (validation grids and guard checks decode)."""
+        return {"evaluation"}
+
+    @contextmanager
+    def phase(self, name: str, *, sync: bool = True) -> Iterator[None]:
+        """Phase ``name`` of the loop: timed by the ledger (``sync``: at CUDA-synchronised boundaries), with the
+        offloaded networks it runs on the device and the others on the host."""
+        with self.ledger.phase(name, sync=sync), self.residency.phase(name):
+            yield
+
     # -- hooks -------------------------------------------------------------------------------
     def setup(self) -> None:
         """Load what the trainer reads (data, conditions, snapshots); called once before the optimizer."""
@@ -303,7 +325,7 @@ class BaseTrainer(ABC):
                 f"stage {self.stage!r}: the {self.accelerator.num_processes} ranks ended with different weights",
                 where=str(self.output_dir),
             )
-        with self.ledger.phase("checkpoint"):
+        with self.phase("checkpoint"):
             self.checkpoints.save_final(self.progress)
         if self.guard is not None and self.accelerator.is_main_process:
             write_json_atomic(self.output_dir / "final" / GUARD_FILE, self.guard.summary())
@@ -332,7 +354,7 @@ class BaseTrainer(ABC):
         return resumed
 
     def save_checkpoint(self) -> None:
-        with self.ledger.phase("checkpoint"):
+        with self.phase("checkpoint"):
             self.checkpoints.save(self.progress, position=self.position)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -408,7 +430,7 @@ class BaseTrainer(ABC):
         step, main = self.progress.optimizer_step, self.accelerator.is_main_process
         if self.validation is None or not self.validation.due(step) or not (main or self.parallel.collective_passes):
             return
-        with self.ledger.phase("evaluation"):
+        with self.phase("evaluation"):
             if main:
                 self.callbacks.on_validation_begin(self)
             images = self.validation.generate(self.adapter, seed=self.spec.seed, stage=self.stage)
@@ -426,7 +448,7 @@ class BaseTrainer(ABC):
         """Check the weights with the guard; a violation (on any rank) raises ``GuardFired``."""
         assert self.guard is not None
         done, step = self.completed_units, self.progress.optimizer_step
-        with self.ledger.phase("evaluation"):
+        with self.phase("evaluation"):
             check = self.guard.check(self.adapter, units=done, step=step)
         check = self.guard.record(check, passed=not any_over_ranks(not check.passed, self.accelerator.device))
         last_good = self.guard.last_good

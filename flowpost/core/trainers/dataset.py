@@ -107,7 +107,7 @@ class DatasetTrainer(BaseTrainer):
         start = self.progress.epoch_cursor
         batches = islice(loader.iter_epoch(self.progress.data_epoch, start_batch=start), usable - start)
         for offset, batch in enumerate(self._timed(batches)):
-            with self.ledger.phase("optimize", sync=False):  # host time; the step's one read syncs the device
+            with self.phase("optimize", sync=False):  # host time; the step's one read syncs the device
                 self._micro_index = offset % accum
                 outputs = self.optimize_batch(batch)
                 self.backward(outputs["loss"] / accum)
@@ -127,7 +127,7 @@ class DatasetTrainer(BaseTrainer):
     def _timed(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """``batches``, the wait for each timed as the ledger's ``data`` phase (host time, no device sync)."""
         while True:
-            with self.ledger.phase("data", sync=False):
+            with self.phase("data", sync=False):
                 batch = next(batches, None)
             if batch is None:
                 return

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from flowpost.core.contracts import Acquisition, Feedback, Paradigm
 from flowpost.core.distributed import mean_over_ranks
+from flowpost.core.residency import attribute_networks
 from flowpost.core.rewards.combine import WeightedRewards
 from flowpost.core.trainers.arguments import OnlineArguments
 from flowpost.core.trainers.base import BaseTrainer
@@ -50,6 +51,16 @@ class GenerationTrainer(BaseTrainer):
             collective_passes=self.parallel.collective_passes,
             rewards=rewards,
         )
+        if rewards is not None and "rewards" in self.spec.offload:
+            networks = attribute_networks(rewards)  # built with their models: found once
+            self.residency.add("rewards", lambda: networks, self.scoring_phases())
+
+    def scoring_phases(self) -> set[str]:
+        """The phases that decode and score rollouts: ``reward``, and ``rollout`` too with ``overlap_rewards``."""
+        return {"reward", "rollout"} if self.args.overlap_rewards else {"reward"}
+
+    def codec_phases(self) -> set[str]:
+        return super().codec_phases() | self.scoring_phases()
 
     @abstractmethod
     def sample(self) -> Rollout:
@@ -76,13 +87,13 @@ class GenerationTrainer(BaseTrainer):
         """sample -> (rewards and advantages) -> optimize, once per iteration; each a phase of the ledger
         (rollout, reward, optimize), bounded where the iteration already waits for the device."""
         while self.progress.rollout_iteration < budget:
-            with self.ledger.phase("rollout"):
+            with self.phase("rollout"):
                 samples = self.sample()
             self.cycle_metrics = {}
             if self.execution_contract.feedback is Feedback.RUNTIME_REWARD:
-                with self.ledger.phase("reward"):
+                with self.phase("reward"):
                     self.cycle_metrics = mean_over_ranks(self.rollouts.score(samples))
-            with self.ledger.phase("optimize"):
+            with self.phase("optimize"):
                 metrics = self.cycle_metrics | to_host(self.optimize(samples))[0]
                 self.progress = self.progress.after_rollout()
                 metrics |= self._after_acquisition_cycle()

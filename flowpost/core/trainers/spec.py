@@ -40,6 +40,11 @@ class StageSpec:
         """The stage's ``launch:`` section (empty when the config has none)."""
         return self.config.get("launch") or {}
 
+    @property
+    def offload(self) -> list[str]:
+        """The stage's ``offload:`` list: snapshots, ``vae`` and ``rewards`` held in host memory between phases."""
+        return list(self.config.get("offload") or [])
+
     def write(self, path: str | Path) -> None:
         write_json_atomic(path, asdict(self))
 

@@ -44,7 +44,7 @@ SD3 = {"family": "sd3", "pretrained": "stabilityai/stable-diffusion-3-medium-dif
         (MetricConfig(name="fd"), {"key"}),
         (EvaluateConfig(), {"every", "compare_to_base"}),
         (ExportConfig(from_stage="sft"), {"promote"}),
-        (StageConfig(trainer="sft"), {"optimizers", "guard"}),
+        (StageConfig(trainer="sft"), {"optimizers", "guard", "offload"}),
         (GRPOArguments(), {"optimizer", "reward_normalisation", "overlap_rewards", "replay_memory_gib"}),
     ],
 )
@@ -66,6 +66,7 @@ def test_a_section_leaves_out_what_its_results_do_not_depend_on(section: BaseMod
         (MetricConfig(name="fd", key="fd_judge"), "key"),
         (RewardConfig(name="clip_score", frames="sampled", sampled_frames=2), "sampled_frames"),
         (GRPOArguments(overlap_rewards=True), "overlap_rewards"),
+        (StageConfig(trainer="sft", offload=["ema"]), "offload"),
         (GRPOArguments(replay_steps_per_pass="auto", replay_memory_gib=1.0), "replay_memory_gib"),
     ],
 )

@@ -191,7 +191,7 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
     reference is the init weights; the adapter is still the one given or built here).
 
     ``callbacks`` is a ``callbacks:`` config section; ``listeners`` adds callback objects by name;
-    ``guard`` is the stage's guard.
+    ``guard`` is the stage's guard; ``offload`` its ``offload:`` list.
 
     Any trainer class works; generation trainers also take ``sampling={...}`` and ``rewards=[...]``
     (reward config entries); multi-role trainers ``optimizers={role: {...}}``.
@@ -213,13 +213,14 @@ def make_trainer(data_dirs: tuple[Path, Path]):  # noqa: ANN201
         init_from: str | Path | None = None,
         latents: Path | None = None,
         guard: StageGuard | None = None,
+        offload: list[str] | None = None,
         **args: Any,
     ) -> BaseTrainer:
         dataset_dir, conditions_dir = dirs or data_dirs
         spec = StageSpec(
             stage="sft",
             seed=0,
-            config={},
+            config={"offload": offload} if offload else {},
             output_dir=str(out),
             dataset_dir=str(dataset_dir),
             conditions_dir=str(conditions_dir),

@@ -10,7 +10,8 @@ from flowpost.core.config.schema.export import ExportConfig
 from flowpost.core.config.schema.stages import StageConfig
 
 UNFINGERPRINTED: dict[type[StrictModel], tuple[str, ...]] = {  # section -> dotted keys no result depends on
-    StageConfig: ("callbacks.trackers", "launch.hang_timeout"),  # trackers only log; the timeout only watches
+    # trackers only log; the timeout only watches; offloaded weights give the same results as resident ones
+    StageConfig: ("callbacks.trackers", "launch.hang_timeout", "offload"),
     EvaluateConfig: ("after",),  # which other stages are evaluated does not change one stage's evaluation
     ExportConfig: ("promote",),  # the promotion gate is the promote node's
 }

@@ -81,11 +81,14 @@ class LaunchConfig(StrictModel):
         return self
 
 
-class StageConfig(OmittingModel):
-    """One training stage: a trainer, its model, data and arguments. ``optimizers`` (multi-role trainers) and
-    ``guard`` are left out of the params when unset, so other stages keep their fingerprints."""
+Offloaded = Literal["ref", "ema", "teacher", "old", "anchor", "vae", "rewards"]  # snapshot names, the VAE, rewards
 
-    OMITTED_AT_DEFAULT = ("optimizers", "guard")
+
+class StageConfig(OmittingModel):
+    """One training stage: a trainer, its model, data and arguments. ``optimizers`` (multi-role trainers),
+    ``guard`` and ``offload`` are left out of the params when unset, so other stages keep their fingerprints."""
+
+    OMITTED_AT_DEFAULT = ("optimizers", "guard", "offload")
 
     trainer: str
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -101,6 +104,18 @@ class StageConfig(OmittingModel):
     guard: GuardConfig | None = Field(
         None, description="evaluate held-out samples during the stage; stop at the last good checkpoint on a violation"
     )
+    offload: list[Offloaded] = Field(
+        default_factory=list,
+        description="frozen weights held in host memory between the phases that use them: snapshots (ref, ema, "
+        "teacher, old, anchor), the vae, the rewards' models",
+    )
+
+    @field_validator("offload")
+    @classmethod
+    def _offloaded_once(cls, value: list[str]) -> list[str]:
+        if twice := sorted({name for name in value if value.count(name) > 1}):
+            raise ValueError(f"{', '.join(twice)} is listed more than once; list each once")
+        return value
 
     @field_validator("trainer")
     @classmethod
