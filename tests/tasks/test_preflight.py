@@ -30,6 +30,8 @@ SHAPES = ROOT / "docs" / "shapes"
 OPTIONS: dict[str, dict[str, Any]] = {
     "sd3": {},
     "flux1": {"resolution": RESOLUTION},
+    "flux2": {"resolution": RESOLUTION},
+    "flux2-klein": {"resolution": RESOLUTION},
     "qwen-image": {"resolution": RESOLUTION},
     "wan2": {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "gradient_checkpointing": True},
     "z-image": {"resolution": RESOLUTION},
@@ -45,10 +47,7 @@ def _config(tiny_pipeline, model: dict[str, Any], **stage: Any) -> dict[str, Any
 
 @pytest.fixture(params=sorted(OPTIONS))
 def family_dir(request: pytest.FixtureRequest) -> tuple[str, Path]:
-    fixture = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2", "z-image": "z_image"}[
-        request.param
-    ]
-    return request.param, request.getfixturevalue(f"{fixture}_pipeline_dir")
+    return request.param, request.getfixturevalue(f"{request.param.replace('-', '_')}_pipeline_dir")
 
 
 @pytest.mark.parametrize("lora", [None, {"rank": 2}], ids=["full", "lora"])
