@@ -27,6 +27,8 @@ FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small la
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "z-image": {"resolution": 128},
+    "flux2": {"resolution": 128},
+    "flux2-klein": {"resolution": 128},
 }
 
 
@@ -47,7 +49,7 @@ def _generate(checkpoint: str, folder: Path) -> torch.Tensor:
     if CHECKPOINTS[checkpoint].family == "wan2":
         options["num_frames"] = FRAMES
     with torch.no_grad():
-        output = pipeline(PROMPT, generator=torch.Generator().manual_seed(0), **options)
+        output = pipeline(prompt=PROMPT, generator=torch.Generator().manual_seed(0), **options)
     return output.frames if CHECKPOINTS[checkpoint].family == "wan2" else output.images
 
 

@@ -1,4 +1,4 @@
-"""What the families loaded from a diffusers pipeline share (sd3, flux1, qwen-image, wan2): the source,
+"""What the families loaded from a diffusers pipeline share (sd3, flux1, flux2, qwen-image, wan2, z-image): the source,
 the scheduler, the manifest round trip, the pipeline export, the VAE codec, the text encoders and the scheduler's
 inference sigmas."""
 
