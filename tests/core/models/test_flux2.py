@@ -122,6 +122,28 @@ def test_the_ode_sampler_reproduces_the_stock_pipeline(
     assert float(images.std()) > 0
 
 
+def test_a_step_distilled_klein_samples_at_guidance_1_whatever_the_pipelines_scale(
+    flux2_klein_pipeline_dir: Path,
+) -> None:
+    """``is_distilled`` klein checkpoints ignore ``guidance_scale`` (no CFG): flowpost's guidance 1."""
+    from diffusers import Flux2KleinPipeline
+
+    stock = Flux2KleinPipeline.from_pretrained(flux2_klein_pipeline_dir, is_distilled=True)
+    adapter = load_flux2_klein_adapter(flux2_klein_pipeline_dir)
+    noise = _noise(adapter)
+    options = {
+        "height": RESOLUTION,
+        "width": RESOLUTION,
+        "num_inference_steps": 4,
+        "max_sequence_length": KLEIN_MAX_LENGTH,
+    }
+    images = stock(prompt=list(PROMPTS), latents=_grid(noise), guidance_scale=4.0, output_type="pt", **options).images
+    state, _ = _states(adapter)
+    with torch.no_grad():
+        latents = sample_ode(adapter, noise, state, adapter.inference_sigmas(4), guidance=1.0)
+        torch.testing.assert_close(adapter.decode(latents), images, rtol=0, atol=1e-5)
+
+
 def test_vae_tokens_are_patches_normalised_by_the_batch_norm_statistics(flux2_pipeline_dir: Path) -> None:
     adapter = load_flux2_adapter(flux2_pipeline_dir)
     media = torch.rand(2, 3, RESOLUTION, RESOLUTION, generator=torch.Generator().manual_seed(0))
