@@ -246,6 +246,7 @@ def test_a_flux2_export_documents_its_folders(flux2_export: dict[str, Any]) -> N
     export = flux2_export["export"]
     card = (export / "README.md").read_text()
     assert 'pipe.load_lora_weights("lora")' in card and "Flux2Transformer2DModel.from_pretrained" in card
+    assert "sampling shifted by mu from FLUX.2's empirical fit" in card and "base_shift" not in card
     assert not (export / "lora_base").exists()  # the LoRA sits on the pretrained pipeline's transformer
 
 

@@ -50,6 +50,15 @@ class Flux2Family(PackedLatentFamily):
         """FLUX.2's ``mu`` from the packed token count and the step count."""
         return flux2_shift_mu(image_seq_len, steps)
 
+    def describe(self) -> dict[str, Any]:
+        """The manifest, its dynamic shift named as FLUX.2's rule (the scheduler's base and max shift go unread)."""
+        description = super().describe()
+        if "dynamic_shift" in description["schedule"]:
+            description["schedule"]["dynamic_shift"] = {
+                "mu": "FLUX.2's empirical fit in the image token and step counts"
+            }
+        return description
+
     def inference_sigmas(self, steps: int) -> Tensor:
         """The stock pipelines' ``linspace(1, 1 / steps, steps)`` through the scheduler at FLUX.2's ``mu``."""
         sigmas = None if self.scheduler.config.get("use_flow_sigmas") else np.linspace(1.0, 1 / steps, steps)

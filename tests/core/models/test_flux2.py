@@ -64,7 +64,9 @@ def test_the_registry_loads_each_variant(flux2_pipeline_dir: Path, flux2_klein_p
     assert dev.vae_scale_factor == 2 and dev.shift == 1.0  # sampling shifts dynamically, training sigmas do not
     assert dev.guidance_distilled and not klein.guidance_distilled
     assert dev.distilled_guidance == 4.0 and "distilled_guidance" not in klein.options
-    assert dev.describe()["pretrained"]["path"] == str(flux2_pipeline_dir)
+    description = dev.describe()
+    assert description["pretrained"]["path"] == str(flux2_pipeline_dir)
+    assert "FLUX.2" in description["schedule"]["dynamic_shift"]["mu"]  # not FLUX.1's base and max shift
 
 
 def test_conditions_are_the_stock_encode_prompt(family: dict[str, Any]) -> None:
