@@ -1,13 +1,17 @@
 """A GRPO iteration of a small SD3 pipeline under four settings, at equal work: phases, time, peak memory.
 
     python bench/grpo_overlap.py [--workspace bench-ws] [--rounds 4] [--iterations 4] [--threads 1]
+                                 [--reward jpeg|clip] [--prompts 2]
 
 The arms are today's default (``replay_steps_per_pass: 0``, every stored step in one pass; rewards scored
 after the rollout), ``auto`` (``replay_steps_per_pass: auto``), ``overlap`` (``overlap_rewards: true``)
 and ``both``. The pipeline is the tests' tiny SD3 folder (``tests/tiny_sd3_pipeline.py``) with a larger
 transformer (4 blocks, 4 heads of 32, 16x16 latents: 64 image tokens; 2.4 M parameters) trained in
-full; GRPO with CFG 4.5, 10 Flow-SDE steps with a 4-step window, 2 prompts x 4 rollouts in forward
-batches of 4, micro-batches of 4, a JPEG-size reward (scored on the CPU). Every arm samples the same
+full; GRPO with CFG 4.5, 10 Flow-SDE steps with a 4-step window, ``--prompts`` (2) x 4 rollouts in forward
+batches of 4, micro-batches of 4, and one reward: ``jpeg`` (the JPEG size, a cheap CPU-side scorer) or
+``clip`` (``clip_score`` through a random CLIP at openai/clip-vit-base-patch32's widths, 224 px, fp32: a
+reward model whose scoring is a real share of the iteration, as PickScore's or an OCR model's is). Every
+arm samples the same
 rollouts (addressed noise) and replays the same steps; the script checks that each arm's first
 iteration has the same reward mean and, within 1e-4, the same loss as the default.
 
@@ -46,9 +50,9 @@ from flowpost.stage import build_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import tiny_sd3_pipeline as sd3  # noqa: E402
+from tiny_clip import VIT_B_32, build_clip  # noqa: E402
 
 FINGERPRINT = "bench-grpo-overlap-encoders"
-PROMPTS = sd3.CORPUS[:2]
 TRANSFORMER = {
     **sd3.TRANSFORMER,
     "sample_size": 16,
@@ -65,10 +69,12 @@ ARMS = {
     "both": {"replay_steps_per_pass": "auto", "overlap_rewards": True},
 }
 PHASES = ("rollout", "reward", "optimize")
+REWARDS = ("jpeg", "clip")
 
 
-def prepare(root: Path) -> dict[str, Any]:
-    """The pipeline folder (larger transformer), prompt records and condition cache under an emptied ``root``."""
+def prepare(root: Path, reward: str, prompts: int) -> dict[str, Any]:
+    """The pipeline folder (larger transformer), prompt records, condition cache and ``reward``'s stage entry
+    under an emptied ``root``."""
     from diffusers import SD3Transformer2DModel
 
     from flowpost.core.models.pretrained import PretrainedSource
@@ -80,24 +86,31 @@ def prepare(root: Path) -> dict[str, Any]:
         torch.manual_seed(0)
         SD3Transformer2DModel(**TRANSFORMER).save_pretrained(root / "transformer")
     image = np.zeros((3, 8, 8), dtype=np.float32)  # rollouts read only the prompts
-    records = [Demonstration(key=f"p{i}", prompt=prompt, image=image) for i, prompt in enumerate(PROMPTS)]
+    texts = sd3.CORPUS[:prompts]
+    records = [Demonstration(key=f"p{i}", prompt=prompt, image=image) for i, prompt in enumerate(texts)]
     write_json_atomic(root / "data" / "train" / "manifest.json", write_shards(records, root / "data" / "train"))
     encoder = adapter_class("sd3").prompt_encoder(PretrainedSource(str(folder)), max_length=sd3.T5_LENGTH)
     try:
         update_condition_cache(
-            root / "conditions", ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=encoder.encode
+            root / "conditions", ["", *texts], encoder_fingerprint=FINGERPRINT, encode=encoder.encode
         )
     finally:
         encoder.release()
-    return {"family": "sd3", "pretrained": str(folder), "components": {"transformer": str(root / "transformer")}}
+    if reward == "clip":
+        scorer = {"name": "clip_score", "options": {"model": str(build_clip(root / "clip", **VIT_B_32))}}
+    else:
+        scorer = {"name": "jpeg_incompressibility"}
+    transformer = str(root / "transformer")
+    model = {"family": "sd3", "pretrained": str(folder), "components": {"transformer": transformer}}
+    return {"model": model, "reward": scorer, "prompts": prompts}
 
 
-def stage(model: dict[str, Any], arm: str, iterations: int) -> StageConfig:
+def stage(prepared: dict[str, Any], arm: str, iterations: int) -> StageConfig:
     """The GRPO stage of ``arm``."""
     train = {
         "lr": 1e-4,
         "iterations": iterations,
-        "prompts_per_iteration": len(PROMPTS),
+        "prompts_per_iteration": prepared["prompts"],
         "group_size": 4,
         "rollout_batch_size": 4,
         "train_batch_size": 4,
@@ -109,9 +122,9 @@ def stage(model: dict[str, Any], arm: str, iterations: int) -> StageConfig:
     return StageConfig.model_validate(
         {
             "trainer": "grpo",
-            "model": model,
+            "model": prepared["model"],
             "sampling": sampling,
-            "rewards": [{"name": "jpeg_incompressibility"}],
+            "rewards": [prepared["reward"]],
             "train": train,
         }
     )
@@ -120,10 +133,10 @@ def stage(model: dict[str, Any], arm: str, iterations: int) -> StageConfig:
 def run_arm(root: Path, arm: str, iterations: int, threads: int) -> dict[str, Any]:
     """One run of ``arm`` in this process: its phases, iteration seconds, peak RSS growth, first metrics."""
     torch.set_num_threads(threads)
-    model = read_json(root / "model.json")
+    prepared = read_json(root / "prepared.json")
     out = root / "runs" / arm
     trainer = build_trainer(
-        folder_stage_spec(stage(model, arm, iterations), root, out, name="grpo", fingerprint=FINGERPRINT)
+        folder_stage_spec(stage(prepared, arm, iterations), root, out, name="grpo", fingerprint=FINGERPRINT)
     )
     before = resident()
     reset_peak()
@@ -182,15 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="runs per arm, the arms' order rotating")
     parser.add_argument("--iterations", type=int, default=4, help="GRPO iterations per run (the first untimed)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of each run")
+    parser.add_argument("--reward", choices=REWARDS, default="jpeg", help="the stage's reward (see above)")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per iteration (4 rollouts each)")
     parser.add_argument("--arm", choices=list(ARMS), help=argparse.SUPPRESS)  # one run, in this process
     args = parser.parse_args(argv)
-    if args.iterations < 2 or args.rounds < 1 or args.threads < 1:
-        parser.error("--iterations must be at least 2 (the first is not timed); --rounds, --threads at least 1")
+    if args.iterations < 2 or args.rounds < 1 or args.threads < 1 or not 1 <= args.prompts <= len(sd3.CORPUS):
+        parser.error(
+            f"--iterations must be at least 2 (the first is not timed); --rounds, --threads at least 1; "
+            f"--prompts from 1 to {len(sd3.CORPUS)}"
+        )
     root = args.workspace / "grpo_overlap"
     if args.arm is not None:
         print(json.dumps(run_arm(root, args.arm, args.iterations, args.threads)))
         return 0
-    write_json_atomic(root / "model.json", prepare(root))
+    write_json_atomic(root / "prepared.json", prepare(root, args.reward, args.prompts))
     arms = list(ARMS)
     runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for number in range(args.rounds):

@@ -1,19 +1,21 @@
 """Two rewards of very different spreads in one GRPO stage: ``train.reward_normalisation: sum`` against
 ``per_reward`` (GDPO).
 
-    python bench/reward_normalisation.py [--workspace bench-ws] [--iterations 12] [--samples 300] [--out DIR]
+    python bench/reward_normalisation.py [--workspace bench-ws] [--rewards A B] [--seeds 0 1 2]
+                                         [--iterations 12] [--samples 300] [--out DIR]
     python bench/reward_normalisation.py --dataset D --conditions C --sft S   # finished node folders
 
 The default digits pipeline provides the data, the condition cache and the SFT stage (run once in
 ``--workspace``, cached on later calls) unless ``--dataset``, ``--conditions`` and ``--sft`` name finished
 ``acquire.digits``, ``conditions.minilm`` and ``train.sft`` folders. Its GRPO stage (the default pipeline's
-settings) is then rewarded by ``digit_adherence`` (the reward classifier's probability of the prompted digit:
-samples of one prompt differ by tenths) and ``mean_brightness`` (mean luma: they differ by hundredths), both of
-weight 1, for ``--iterations`` iterations under each setting, from the same SFT weights and seed. The SFT start
-and each stage's EMA weights are scored on the same held-out samples (20 ODE steps, the same noise) with both
-rewards and the judge's adherence. Prints each value's start -> end per setting, each reward's std over the
-first iteration's samples and its mean ``advantage/<name>_corr`` over the iterations (how much it steered the
-updates), with the stage seconds; writes ``OUT/reward_normalisation.json``.
+settings) is then rewarded by the two ``--rewards``, both of weight 1 (default: ``digit_adherence``, the
+reward classifier's probability of the prompted digit, whose samples of one prompt differ by tenths, and
+``mean_brightness``, whose samples differ by hundredths), for ``--iterations`` iterations under each setting
+and pipeline seed, from the same SFT weights. The SFT start and each stage's EMA weights are scored on the
+same held-out samples (20 ODE steps, the same noise) with both rewards and the judge's adherence. Prints each
+value's start -> end per run, each reward's std over the first iteration's samples and its mean
+``advantage/<name>_corr`` over the iterations (how much it steered the updates), with the stage seconds;
+writes ``OUT/reward_normalisation.json``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from flowpost.tasks.runner import PipelineRun
 from flowpost.tasks.train import stage_spec
 from flowpost.tasks.weights import stage_weights
 
-REWARDS = ("digit_adherence", "mean_brightness")
-SCORES = (*REWARDS, "adherence")  # both rewards, and the judge no stage trains on
+DEFAULT_REWARDS = ("digit_adherence", "mean_brightness")
+JUDGE = "adherence"  # scored beside both rewards; no stage trains on it
 SETTINGS = ("sum", "per_reward")
 UPSTREAM = ("acquire.digits", "conditions.minilm", "train.sft")
 
@@ -49,10 +51,12 @@ def upstream_folders(args: argparse.Namespace) -> dict[str, Path]:
     return {node: run.execute(node).path for node in UPSTREAM}
 
 
-def score(stage: str, train_dir: Path, folders: dict[str, Path], out: Path, samples: int) -> dict[str, float]:
-    """Both rewards and the judge's adherence on the held-out samples of ``train_dir``'s EMA weights."""
+def score(
+    stage: str, train_dir: Path, folders: dict[str, Path], out: Path, samples: int, scores: tuple[str, ...]
+) -> dict[str, float]:
+    """``scores`` (both rewards and the judge's adherence) on the held-out samples of ``train_dir``'s EMA weights."""
     config = EvaluateConfig.model_validate(
-        {"metrics": list(SCORES), "samples": samples, "steps": 20, "seed": 1234, "batch_size": samples}
+        {"metrics": list(scores), "samples": samples, "steps": 20, "seed": 1234, "batch_size": samples}
     )
     result = evaluate_stage(
         config,
@@ -65,16 +69,19 @@ def score(stage: str, train_dir: Path, folders: dict[str, Path], out: Path, samp
         out_dir=out,
         seed=0,
     )
-    return {name: result[name] for name in SCORES}
+    return {name: result[name] for name in scores}
 
 
-def train(setting: str, iterations: int, folders: dict[str, Path], out: Path) -> dict[str, Any]:
-    """The default GRPO stage on both rewards under ``setting``; its seconds and per-reward statistics."""
-    rewards = ", ".join(f"{{name: {name}}}" for name in REWARDS)
+def train(
+    setting: str, rewards: tuple[str, ...], seed: int, iterations: int, folders: dict[str, Path], out: Path
+) -> dict[str, Any]:
+    """The default GRPO stage on ``rewards`` under ``setting``; its seconds and per-reward statistics."""
+    listed = ", ".join(f"{{name: {name}}}" for name in rewards)
     pipeline = load_pipeline(
         None,
         [
-            f"stages.grpo.rewards=[{rewards}]",
+            f"seed={seed}",
+            f"stages.grpo.rewards=[{listed}]",
             f"stages.grpo.train.iterations={iterations}",
             f"stages.grpo.train.reward_normalisation={setting}",
             "stages.grpo.train.checkpoint_every=0",
@@ -97,14 +104,16 @@ def train(setting: str, iterations: int, folders: dict[str, Path], out: Path) ->
     steps = [event["metrics"] for event in read_events(out / "events.jsonl") if event["event"] == "progress"]
     return {
         "seconds": seconds,
-        "spread": {name: steps[0][f"reward/{name}_std"] for name in REWARDS},
-        "steering": {name: statistics.fmean(m[f"advantage/{name}_corr"] for m in steps) for name in REWARDS},
+        "spread": {name: steps[0][f"reward/{name}_std"] for name in rewards},
+        "steering": {name: statistics.fmean(m[f"advantage/{name}_corr"] for m in steps) for name in rewards},
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
+    parser.add_argument("--rewards", nargs=2, default=list(DEFAULT_REWARDS), help="the two rewards, weight 1 each")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="the pipeline seed of each pair of stages")
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--samples", type=int, default=300, help="held-out samples scored per model")
     parser.add_argument("--out", type=Path, default=None, help="default: WORKSPACE/reward-normalisation")
@@ -112,19 +121,25 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or args.workspace / "reward-normalisation"
+    rewards = tuple(args.rewards)
+    scores = (*rewards, JUDGE)
     folders = upstream_folders(args)
-    start = score("sft", folders["train.sft"], folders, out / "eval-sft", args.samples)
+    start = score("sft", folders["train.sft"], folders, out / "eval-sft", args.samples, scores)
     rows = {}
-    for setting in SETTINGS:
-        stats = train(setting, args.iterations, folders, out / setting)
-        rows[setting] = stats | {"end": score("grpo", out / setting, folders, out / f"eval-{setting}", args.samples)}
+    for seed in args.seeds:
+        for setting in SETTINGS:
+            run = f"{setting}-seed{seed}"
+            stats = train(setting, rewards, seed, args.iterations, folders, out / run)
+            end = score("grpo", out / run, folders, out / f"eval-{run}", args.samples, scores)
+            rows[run] = stats | {"end": end}
     print(f"{args.iterations} GRPO iterations from SFT, {args.samples} held-out samples scored per model")
-    for setting, row in rows.items():
-        moves = ", ".join(f"{name} {start[name]:.4f} -> {row['end'][name]:.4f}" for name in SCORES)
-        spread = ", ".join(f"{name} {row['spread'][name]:.4f}" for name in REWARDS)
-        steer = ", ".join(f"{name} {row['steering'][name]:+.2f}" for name in REWARDS)
-        print(f"{setting}: {moves}; first-iteration std {spread}; steering {steer}; {row['seconds']:.0f} s")
-    write_json_atomic(out / "reward_normalisation.json", {"iterations": args.iterations, "start": start, **rows})
+    for run, row in rows.items():
+        moves = ", ".join(f"{name} {start[name]:.4f} -> {row['end'][name]:.4f}" for name in scores)
+        spread = ", ".join(f"{name} {row['spread'][name]:.4f}" for name in rewards)
+        steer = ", ".join(f"{name} {row['steering'][name]:+.2f}" for name in rewards)
+        print(f"{run}: {moves}; first-iteration std {spread}; steering {steer}; {row['seconds']:.0f} s")
+    summary = {"iterations": args.iterations, "rewards": rewards, "start": start, **rows}
+    write_json_atomic(out / "reward_normalisation.json", summary)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,14 @@ def wan2_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wan22_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random two-expert Wan2.2-A14B-shaped T2V pipeline folder (``tests/tiny_wan2_pipeline.py``)."""
+    from tiny_wan2_pipeline import build_tiny_wan22_pipeline
+
+    return build_tiny_wan22_pipeline(tmp_path_factory.mktemp("wan22") / "pipeline")
+
+
+@pytest.fixture(scope="session")
 def qwen_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen-Image diffusers pipeline folder (``tests/tiny_qwen_image_pipeline.py``)."""
     from tiny_qwen_image_pipeline import build_tiny_qwen_image_pipeline

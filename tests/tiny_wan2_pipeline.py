@@ -1,4 +1,5 @@
-"""A tiny random ``WanPipeline`` (text to video) built locally (its tokenizer trained here) and saved as a folder."""
+"""Tiny random ``WanPipeline``s (text to video) built locally (their tokenizer trained here) and saved as folders: a
+Wan2.1-shaped one and a Wan2.2-A14B-shaped one with two experts."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ VAE: dict[str, Any] = {  # Wan2.1's layout (causal 3-D convolutions, 4x4x4 compr
     "scale_factor_spatial": 4,
 }
 FLOW_SHIFT = 3.0  # Wan2.1 at 480p
+BOUNDARY_RATIO = 0.875  # Wan2.2-T2V-A14B's: the high-noise expert at timesteps >= 875
 
 
 def umt5_encoder(vocab_size: int) -> Any:
@@ -70,13 +72,37 @@ def build_tiny_wan2_pipeline(folder: Path, *, seed: int = 0) -> Path:
     return folder
 
 
-def load_wan2_adapter(folder: Path, **options: Any) -> Any:
-    """The wan2 family loaded from ``folder`` through the registry, at this pipeline's size and token length."""
+def build_tiny_wan22_pipeline(folder: Path, *, seed: int = 0) -> Path:
+    """The same pipeline with a second expert of its own random weights: ``transformer`` at timesteps at or above
+    ``BOUNDARY_RATIO * 1000``, ``transformer_2`` below, as Wan2.2-T2V-A14B."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    tokenizer = t5_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        pipeline = WanPipeline(
+            transformer=WanTransformer3DModel(**TRANSFORMER),
+            transformer_2=WanTransformer3DModel(**TRANSFORMER),
+            boundary_ratio=BOUNDARY_RATIO,
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=FLOW_SHIFT),
+            vae=AutoencoderKLWan(**VAE),
+            text_encoder=umt5_encoder(len(tokenizer)),
+            tokenizer=tokenizer,
+        )
+    pipeline.save_pretrained(folder)
+    return folder
+
+
+def load_wan2_adapter(
+    folder: Path, *, family: str = "wan2", options: dict[str, Any] | None = None, **source: Any
+) -> Any:
+    """Family ``family`` loaded from ``folder`` through the registry with ``options``, at this pipeline's size and
+    token length; ``source``: ``PretrainedSource`` fields."""
     from flowpost.core.models.pretrained import PretrainedSource
     from flowpost.core.models.registry import adapter_class
 
-    adapter = adapter_class("wan2").from_pipeline(
-        PretrainedSource(str(folder), **options), height=HEIGHT, width=WIDTH, num_frames=FRAMES
+    adapter = adapter_class(family).from_pipeline(
+        PretrainedSource(str(folder), **source), height=HEIGHT, width=WIDTH, num_frames=FRAMES, **(options or {})
     )
     adapter.encoder_max_length = T5_LENGTH
     return adapter

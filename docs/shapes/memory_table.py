@@ -7,7 +7,8 @@ is read).
 Each row is a GRPO stage with bf16 weights and bf16 autocast, one training sample per GPU without CFG,
 ``kl_beta`` 0.04 (a reference snapshot), no EMA; one GPU replicated (ddp), eight sharded (fsdp2). A LoRA stage
 over an int8 base (``model.quantize``) trains in one process only, so it has no eight-GPU figure; the row with every
-memory option adds 8-bit AdamW moments and gradient checkpointing of every block.
+memory option adds 8-bit AdamW moments and gradient checkpointing of every block. A family whose ranks run
+different blocks (Wan2.2-A14B's experts) has no fsdp2 figure either.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from flowpost.core.config.loading import validate_pipeline
 from flowpost.core.memory import GIB
+from flowpost.core.models.registry import adapter_class
 from flowpost.tasks.preflight import params_text, stage_estimate, stage_memory
 
 SHAPES = Path(__file__).resolve().parent
@@ -32,6 +34,12 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {  # family -> (shap
     "wan2": (
         "wan2.1-t2v-1.3b",
         "Wan2.1-T2V-1.3B, 480x832x33, checkpointed",
+        {"height": 480, "width": 832, "num_frames": 33, "gradient_checkpointing": True},
+        512,
+    ),
+    "wan22-a14b": (
+        "wan2.2-t2v-a14b",
+        "Wan2.2-T2V-A14B (both experts), 480x832x33, checkpointed",
         {"height": 480, "width": 832, "num_frames": 33, "gradient_checkpointing": True},
         512,
     ),
@@ -53,7 +61,7 @@ def pipeline(prompts: Path, gpus: int) -> dict[str, Any]:
         key = family.replace("-", "")
         conditions[key] = {"model": source, "datasets": ["prompts"], "max_length": tokens}
         for suffix, fine_tune in FINE_TUNES.items():
-            if gpus > 1 and "quantize" in fine_tune:
+            if gpus > 1 and ("quantize" in fine_tune or not adapter_class(family).fsdp_shardable):
                 continue
             smallest = suffix == SMALLEST
             stages[f"{key}-{suffix}"] = {

@@ -40,7 +40,7 @@ def export_stage(
     family's ``scheduler/`` comes along, so ``flowpost sample`` needs only the VAE and text encoders of the
     source pipeline (none with the ``pipeline`` format)."""
     source, used = stage_weights(train_dir, weights)
-    for part in ("transformer", "scheduler", LORA_DIR, LORA_BASE_DIR):
+    for part in ("transformer", "transformer_2", "scheduler", LORA_DIR, f"{LORA_DIR}_2", LORA_BASE_DIR):
         if (out_dir / part).exists():
             shutil.rmtree(out_dir / part)
         if (source / part).is_dir():
@@ -119,6 +119,11 @@ def model_card(manifest: dict[str, Any]) -> str:
         f"{manifest['step']} optimizer steps), trained with flowpost.",
         "",
         f"- Transformer: `transformer/` (diffusers `{_transformer_class(model)}.from_pretrained`)",
+        *(
+            ["- Low-noise expert: `transformer_2/` (the pipeline's `transformer_2`, the same class)"]
+            if "boundary_ratio" in model
+            else []
+        ),
         *_lora_lines(model),
         *(
             ["- Pipeline: this folder (`DiffusionPipeline.from_pretrained`)"]
@@ -155,12 +160,29 @@ def _lora_lines(model: dict[str, Any]) -> list[str]:
     if not lora:
         return []
     line = f"- LoRA (rank {lora['rank']}, alpha {lora['alpha']}): `lora/`, diffusers' LoRA format; "
+    if "experts" in lora:
+        return _expert_lora_lines(model, lora)
     if lora.get("base") == "pretrained":
         return [line + f'`pipe.load_lora_weights("lora")` on the stock pipeline `{model["pretrained"]["path"]}`']
     return [
         line + f"on the weights in `{lora.get('base')}/` (`{_transformer_class(model)}.from_pretrained`): "
         '`transformer.load_lora_adapter("lora", prefix="transformer", use_safetensors=True)`'
     ]
+
+
+def _expert_lora_lines(model: dict[str, Any], lora: dict[str, Any]) -> list[str]:
+    """How to load a two-expert model's adapters: ``lora/`` into ``transformer``, ``lora_2/`` into ``transformer_2``."""
+    calls = {
+        "high": 'pipe.load_lora_weights("lora")',
+        "low": 'pipe.load_lora_weights("lora_2", load_into_transformer_2=True)',
+    }
+    folders = {"high": "`lora/` (high-noise expert)", "low": "`lora_2/` (low-noise expert)"}
+    trained = [expert for expert in ("high", "low") if expert in lora["experts"]]
+    line = f"- LoRA (rank {lora['rank']}, alpha {lora['alpha']}): {' and '.join(folders[e] for e in trained)}; "
+    if lora.get("base") == "pretrained":
+        steps = "; ".join(f"`{calls[e]}`" for e in trained)
+        return [line + f"{steps} on the stock pipeline `{model['pretrained']['path']}`"]
+    return [line + f"on the unmerged weights of each adapted expert in `{lora.get('base')}/`"]
 
 
 def _shift_words(schedule: dict[str, Any]) -> str:

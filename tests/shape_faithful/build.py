@@ -1,4 +1,4 @@
-"""Shape-faithful pipeline folders: the published configs of eight real checkpoints (``docs/shapes/``), built
+"""Shape-faithful pipeline folders: the published configs of nine real checkpoints (``docs/shapes/``), built
 locally with random bf16 weights, one block of each block kind, one text-encoder layer (FLUX.2: the layers its
 pipelines read) and tokenizers trained here.
 
@@ -46,6 +46,7 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "qwen-image": Checkpoint("Qwen/Qwen-Image", "qwen-image", 3072),
     "wan2.1-t2v-1.3b": Checkpoint("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan2", 1536),
     "wan2.2-ti2v-5b": Checkpoint("Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan2", 3072),
+    "wan2.2-t2v-a14b": Checkpoint("Wan-AI/Wan2.2-T2V-A14B-Diffusers", "wan22-a14b", 5120),
     "z-image-turbo": Checkpoint("Tongyi-MAI/Z-Image-Turbo", "z-image", 3840),
     # 2.2 B parameters with one block of each kind: drawn in fp32 they would take 9 GB before the cast
     "flux2-dev": Checkpoint("black-forest-labs/FLUX.2-dev", "flux2", 6144, torch.bfloat16),
@@ -72,9 +73,10 @@ def published(checkpoint: str, component: str) -> dict[str, Any]:
     return json.loads((CONFIGS / checkpoint / component / name).read_text())
 
 
-def transformer_config(checkpoint: str) -> dict[str, Any]:
-    """The published transformer config with one block of each kind."""
-    config = published(checkpoint, "transformer")
+def transformer_config(checkpoint: str, component: str = "transformer") -> dict[str, Any]:
+    """The published config of transformer ``component`` (Wan2.2-A14B's ``transformer_2`` too) with one block of
+    each kind."""
+    config = published(checkpoint, component)
     for key in ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers"):
         if key in config:
             config[key] = 1
@@ -123,7 +125,7 @@ def tokenizers(checkpoint: str) -> dict[str, Any]:
         return {"tokenizer": mistral_tokenizer()}
     t5 = t5_tokenizer()
     t5.model_max_length = T5_LENGTH
-    if family == "wan2":
+    if family in ("wan2", "wan22-a14b"):
         return {"tokenizer": t5}
     clip = clip_tokenizer(max_length=CLIP_LENGTH)
     if family == "flux1":
@@ -144,12 +146,12 @@ def _component(checkpoint: str, name: str, class_name: str, tokens: dict[str, An
         tokenizer = tokens[name.replace("text_encoder", "tokenizer")]
         config = model_class.config_class.from_dict(text_encoder_config(checkpoint, name, tokenizer))
         return model_class(config).eval().to(DTYPE)
-    if name != "transformer":
+    if not name.startswith("transformer"):
         return getattr(diffusers, class_name).from_config(published(checkpoint, name)).eval().to(DTYPE)
     default = torch.get_default_dtype()
     torch.set_default_dtype(CHECKPOINTS[checkpoint].init_dtype)
     try:
-        return getattr(diffusers, class_name).from_config(transformer_config(checkpoint)).eval().to(DTYPE)
+        return getattr(diffusers, class_name).from_config(transformer_config(checkpoint, name)).eval().to(DTYPE)
     finally:
         torch.set_default_dtype(default)
 

@@ -26,10 +26,12 @@ FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small la
     "flux1": {"resolution": 128},
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
+    "wan22-a14b": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "z-image": {"resolution": 128},
     "flux2": {"resolution": 128},
     "flux2-klein": {"resolution": 128},
 }
+VIDEO = ("wan2", "wan22-a14b")
 
 
 @pytest.fixture(autouse=True)
@@ -46,17 +48,17 @@ def _generate(checkpoint: str, folder: Path) -> torch.Tensor:
     pipeline = pipeline_class.from_pretrained(folder, torch_dtype=torch.bfloat16)
     assert pipeline.transformer.dtype == torch.bfloat16
     options: dict[str, Any] = {"height": SIDE, "width": SIDE, "num_inference_steps": STEPS, "output_type": "pt"}
-    if CHECKPOINTS[checkpoint].family == "wan2":
+    if CHECKPOINTS[checkpoint].family in VIDEO:
         options["num_frames"] = FRAMES
     with torch.no_grad():
         output = pipeline(prompt=PROMPT, generator=torch.Generator().manual_seed(0), **options)
-    return output.frames if CHECKPOINTS[checkpoint].family == "wan2" else output.images
+    return output.frames if CHECKPOINTS[checkpoint].family in VIDEO else output.images
 
 
 @pytest.mark.parametrize("checkpoint", list(CHECKPOINTS))
 def test_the_stock_pipeline_generates_a_finite_output(checkpoint: str, shape_folder: Callable[[str], Path]) -> None:
     media = _generate(checkpoint, shape_folder(checkpoint))
-    expected = (1, FRAMES, 3, SIDE, SIDE) if CHECKPOINTS[checkpoint].family == "wan2" else (1, 3, SIDE, SIDE)
+    expected = (1, FRAMES, 3, SIDE, SIDE) if CHECKPOINTS[checkpoint].family in VIDEO else (1, 3, SIDE, SIDE)
     assert tuple(media.shape) == expected
     assert bool(torch.isfinite(media).all())
 
@@ -71,8 +73,10 @@ def test_the_family_adapter_loads_it_at_the_published_size(
     config, expected = adapter.transformer.config, published(checkpoint, "transformer")
     heads = "num_attention_heads" if "num_attention_heads" in expected else "n_heads"  # Z-Image: n_heads, dim
     assert config[heads] == expected[heads] and attention_width(config) == attention_width(expected) == spec.width
-    to_q = next(module for name, module in adapter.transformer.named_modules() if name.endswith(".to_q"))
-    assert tuple(to_q.weight.shape) == (spec.width, spec.width) and to_q.weight.dtype == torch.bfloat16
+    to_q = [module for name, module in adapter.transformer.named_modules() if name.endswith(".to_q")]
+    if spec.family == "wan22-a14b":
+        assert len(to_q) == 4  # self- and cross-attention of each expert's block
+    assert all(tuple(q.weight.shape) == (spec.width, spec.width) and q.weight.dtype == torch.bfloat16 for q in to_q)
 
     adapter.compute_dtype = torch.bfloat16
     state = adapter.prepare_condition_state(adapter.encode_conditions([PROMPT]))

@@ -40,6 +40,7 @@ OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 
     "flux1": {"resolution": 128},
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
+    "wan22-a14b": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "z-image": {"resolution": 128},
     "flux2": {"resolution": 128},
     "flux2-klein": {"resolution": 128},
@@ -49,6 +50,7 @@ MEDIA = {
     "flux1": (3, 128, 128),
     "qwen-image": (3, 128, 128),
     "wan2": (3, FRAMES, SIDE, SIDE),
+    "wan22-a14b": (3, FRAMES, SIDE, SIDE),
     "z-image": (3, 128, 128),
     "flux2": (3, 128, 128),
     "flux2-klein": (3, 128, 128),
@@ -58,10 +60,13 @@ DEFAULT_STEPS = {  # the stock num_inference_steps
     "flux1": 28,
     "qwen-image": 50,
     "wan2": 50,
+    "wan22-a14b": 50,
     "z-image": 50,
     "flux2": 50,
     "flux2-klein": 50,
 }
+EXPERTS = "wan22-a14b"  # the family whose network is two experts: LoRA on both, full fine-tuning of one
+FULL_OPTIONS = {EXPERTS: {"experts": "high"}}  # one 5120-wide expert in fp32 with AdamW, as Z-Image's 3840-wide
 # FLUX.2-dev's one-block transformer holds 2.2 B parameters: fp32 weights, gradients and AdamW moments would
 # take 35 GB, past what this tier runs on
 FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint != "flux2-dev"]
@@ -142,7 +147,7 @@ def test_lora_grpo_in_bf16_replays_exactly_moves_fp32_adapters_and_exports(prepa
         "trainer": "grpo",
         "model": _model(family, folder, lora={"rank": 4, "alpha": 8}),
         "sampling": {"steps": 3, "guidance": 1.0},
-        "rewards": [{"name": "jpeg_incompressibility", **({"frames": "first"} if family == "wan2" else {})}],
+        "rewards": [{"name": "jpeg_incompressibility", **({"frames": "first"} if family in ("wan2", EXPERTS) else {})}],
         "train": {
             "lr": LR,
             "iterations": 3,
@@ -174,15 +179,20 @@ def test_lora_grpo_in_bf16_replays_exactly_moves_fp32_adapters_and_exports(prepa
     export = root / "export"
     adapter.save_pretrained(export)
     pipeline = _stock_pipeline(prepared["checkpoint"], folder)
-    pipeline.load_lora_weights(export / "lora")
     from peft.utils import get_peft_model_state_dict
 
-    [name] = pipeline.transformer.peft_config  # the adapter load_lora_weights named
-    loaded = get_peft_model_state_dict(pipeline.transformer, adapter_name=name)
-    trained = get_peft_model_state_dict(network)
-    assert loaded.keys() == trained.keys() and loaded
-    for key, value in trained.items():
-        torch.testing.assert_close(loaded[key].float(), value.float().to(loaded[key].dtype).float(), msg=key)
+    experts = [("transformer", "lora", network, {})]  # pipeline component, LoRA folder, trained network, load options
+    if family == EXPERTS:
+        second = ("transformer_2", "lora_2", network.low, {"load_into_transformer_2": True})
+        experts = [("transformer", "lora", network.high, {}), second]
+    for component, lora, trained_network, options in experts:
+        pipeline.load_lora_weights(export / lora, **options)
+        [name] = getattr(pipeline, component).peft_config  # the adapter load_lora_weights named
+        loaded = get_peft_model_state_dict(getattr(pipeline, component), adapter_name=name)
+        trained = get_peft_model_state_dict(trained_network)
+        assert loaded.keys() == trained.keys() and loaded
+        for key, value in trained.items():
+            torch.testing.assert_close(loaded[key].float(), value.float().to(loaded[key].dtype).float(), msg=key)
 
 
 def test_lora_grpo_over_an_int8_base_replays_exactly_at_sd3_width(
@@ -223,18 +233,26 @@ def test_lora_grpo_over_an_int8_base_replays_exactly_at_sd3_width(
 @pytest.mark.parametrize("prepared", FULL_FINE_TUNED, indirect=True)
 def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights_and_exports(prepared: dict[str, Any]) -> None:
     family, folder, root = prepared["family"], prepared["folder"], prepared["root"]
+    options = {**OPTIONS[family], **FULL_OPTIONS.get(family, {})}
     stage = {
         "trainer": "sft",
-        "model": _model(family, folder),
+        "model": {**_model(family, folder), "options": options},
         "train": {"lr": LR, "batch_size": 2, "max_steps": 1, "checkpoint_every": 0},
     }
     trainer = build_trainer(_spec(root, "sft", stage))
     network = trainer.adapter.module()
-    assert {p.dtype for p in network.parameters()} == {torch.float32}
+    trained = network.high if family == EXPERTS else network  # the expert that trains; the other stays bf16
+    assert {p.dtype for p in trained.parameters()} == {torch.float32} and all(
+        p.requires_grad for p in trained.parameters()
+    )
+    if family == EXPERTS:  # frozen as loaded: bf16 but the modules diffusers keeps in fp32
+        low = list(network.low.parameters())
+        assert not any(p.requires_grad for p in low)
+        assert sum(p.numel() for p in low if p.dtype == torch.bfloat16) > 0.9 * sum(p.numel() for p in low)
     assert trainer.adapter.compute_dtype == torch.bfloat16
-    blocks = {n: p.detach().clone() for n, p in network.named_parameters() if ".to_q." in n}
+    blocks = {n: p.detach().clone() for n, p in trained.named_parameters() if ".to_q." in n}
     trainer.start()
-    assert _fraction_changed(blocks, network) > 0.5  # bf16 weights would round nearly every update away
+    assert _fraction_changed(blocks, trained) > 0.5  # bf16 weights would round nearly every update away
 
     export = root / "export"
     trainer.adapter.save_pretrained(export)
@@ -249,7 +267,7 @@ def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights_and_exports(prepared
     name = next(n for n in blocks)
     torch.testing.assert_close(
         dict(pipeline.transformer.named_parameters())[name].float(),
-        dict(network.named_parameters())[name].detach().to(torch.bfloat16).float(),
+        dict(trained.named_parameters())[name].detach().to(torch.bfloat16).float(),
     )
 
 

@@ -34,8 +34,10 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "flux2-klein": {"resolution": RESOLUTION},
     "qwen-image": {"resolution": RESOLUTION},
     "wan2": {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "gradient_checkpointing": True},
+    "wan22-a14b": {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "gradient_checkpointing": True},
     "z-image": {"resolution": RESOLUTION},
 }
+FIXTURES = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2", "wan22-a14b": "wan22"}
 
 
 def _config(tiny_pipeline, model: dict[str, Any], **stage: Any) -> dict[str, Any]:
@@ -47,7 +49,8 @@ def _config(tiny_pipeline, model: dict[str, Any], **stage: Any) -> dict[str, Any
 
 @pytest.fixture(params=sorted(OPTIONS))
 def family_dir(request: pytest.FixtureRequest) -> tuple[str, Path]:
-    return request.param, request.getfixturevalue(f"{request.param.replace('-', '_')}_pipeline_dir")
+    fixture = FIXTURES.get(request.param, request.param.replace("-", "_"))
+    return request.param, request.getfixturevalue(f"{fixture}_pipeline_dir")
 
 
 @pytest.mark.parametrize("lora", [None, {"rank": 2}], ids=["full", "lora"])
@@ -64,7 +67,7 @@ def test_the_estimates_parameter_part_is_the_loaded_models(
     assert row.footprint.parameters == sum(p.numel() for p in params)
     assert row.footprint.trainable == sum(p.numel() for p in params if p.requires_grad)
     assert (row.fine_tune == "full") == (lora is None) and row.footprint.checkpointed == (
-        row.footprint.blocks if family == "wan2" else 0
+        row.footprint.blocks if family.startswith("wan2") else 0
     )
 
 
@@ -168,6 +171,19 @@ def test_the_published_flux_shape_fits_80_gib_with_lora_not_fully_fine_tuned(tmp
         lora.footprint.trainable
     )
     assert over_budget([lora], 80) == []
+
+
+def test_both_wan22_a14b_experts_count_and_one_runs_each_sample(tmp_path: Path) -> None:
+    """Wan2.2-T2V-A14B's two 14.29 B experts from their configs: both held under their LoRA adapters, each
+    sample's activations through one expert's 40 blocks."""
+    pipeline = _shape_pipeline(tmp_path, {"rank": 32}, shape="wan2.2-t2v-a14b", family="wan22-a14b")
+    pipeline["stages"]["grpo"]["model"]["options"] = {"height": 480, "width": 832, "num_frames": 33}
+    [row] = stage_memory(validate_pipeline(pipeline))
+    assert row.footprint is not None and row.estimate is not None
+    assert row.footprint.parameters - row.footprint.trainable == 2 * 14_288_491_584
+    assert row.footprint.blocks == 40 and row.footprint.hidden == 5120
+    assert row.footprint.image_tokens == 9 * 30 * 52  # 33 frames at 480 x 832
+    assert row.estimate.weights > 2 * 2 * 14.28e9  # both experts' bf16 weights
 
 
 def test_buffers_count_with_the_weights(tmp_path: Path) -> None:

@@ -112,8 +112,10 @@ def test_a_hub_base_not_in_the_offline_cache_is_one_line(base_dir: Path, tmp_pat
     assert "--base" in line
 
 
-def test_sample_generates_from_a_wan2_export(wan2_pipeline_dir: Path, tmp_path: Path) -> None:
-    adapter = load_wan2_adapter(wan2_pipeline_dir)
+@pytest.mark.parametrize("family", ["wan2", "wan22-a14b"])
+def test_sample_generates_from_a_wan_export(request: pytest.FixtureRequest, tmp_path: Path, family: str) -> None:
+    folder = request.getfixturevalue("wan2_pipeline_dir" if family == "wan2" else "wan22_pipeline_dir")
+    adapter = load_wan2_adapter(folder, family=family)
     adapter.add_lora(rank=2, alpha=4.0)
     export = _export(adapter, tmp_path)
     frames = (3, adapter.num_frames, adapter.height, adapter.width)

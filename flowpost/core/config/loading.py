@@ -184,13 +184,20 @@ def validate_pipeline(
 def _stage_model_problems(name: str, stage: StageConfig) -> list[str]:
     """The stage's ``model.options`` and local ``model.pretrained`` folder, against its family."""
     from flowpost.core.models.folder_checks import model_problems
-    from flowpost.core.models.registry import FAMILY_REGISTRY
+    from flowpost.core.models.registry import FAMILY_REGISTRY, adapter_class
 
     model = stage.model
     if FAMILY_REGISTRY.problem(model.family, where=f"stages.{name}.model.family"):  # _stage_problems names it
         return []
     where = f"stages.{name}.model"
-    return model_problems(where, model.family, model.pretrained, options=model.options, components=model.components)
+    problems = model_problems(where, model.family, model.pretrained, options=model.options, components=model.components)
+    launch = stage.launch
+    if launch.backend == "fsdp2" and launch.num_processes > 1 and not adapter_class(model.family).fsdp_shardable:
+        problems.append(
+            f"stages.{name}.launch.backend: family {model.family!r} runs different blocks on different ranks, "
+            "which fsdp2's collective gathers cannot follow; use ddp or deepspeed-zero2"
+        )
+    return problems
 
 
 def _cache_model_problems(pipeline: PipelineConfig) -> list[str]:

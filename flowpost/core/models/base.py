@@ -41,6 +41,7 @@ class ModelAdapter(ABC):
     fps: int = 16  # frames per second a video family's samples are written at
     options: ClassVar[tuple[str, ...]] = ()  # the constructor options ``model.options`` may set
     guidance_distilled: ClassVar[bool] = False  # no unconditional branch trained (sampled without CFG): FLUX.1
+    fsdp_shardable: ClassVar[bool] = True  # every rank runs the same blocks in a pass (not routed experts)
     variants: ComponentVariants | None = None  # the trainable roles, once declared
     compile_settings: tuple[bool, dict[str, Any]] | None = None  # (regional, torch.compile options) once compiled
 
@@ -94,6 +95,11 @@ class ModelAdapter(ABC):
         returns that scheduler's, so sampling reproduces the stock pipeline.
         """
         return inference_sigmas(steps, shift=self.shift)
+
+    def training_sigmas(self, sigma: Tensor) -> Tensor:
+        """Training sigma draws in [0, 1] mapped onto the sigmas the trainable network denoises: all of them,
+        unless a family trains part of a routed network (one Wan2.2 expert)."""
+        return sigma
 
     @abstractmethod
     def describe(self) -> dict:

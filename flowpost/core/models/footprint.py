@@ -34,15 +34,16 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
     params = list(network.parameters())
     trainable = [p for p in params if p.requires_grad]
     config = network.config  # type: ignore[attr-defined]
+    routed = int(getattr(network, "routed_experts", 1))  # experts of which one runs each sample (Wan2.2-A14B's)
     return ModelFootprint(
         parameters=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in trainable),
         weight_bytes=sum(tensor_bytes(p) for p in params) + sum(tensor_bytes(b) for b in network.buffers()),
         trainable_bytes=sum(tensor_bytes(p) for p in trainable),
-        blocks=len(repeated_blocks(network)),
+        blocks=len(repeated_blocks(network)) // routed,
         hidden=attention_width(config),
         image_tokens=image_tokens(adapter),
-        checkpointed=checkpointed_blocks(network),
+        checkpointed=checkpointed_blocks(network) // routed,
     )
 
 

@@ -179,20 +179,24 @@ class PipelineFamily(TransformerAdapter):
         components, saved as one folder."""
         import diffusers
 
-        network = without_lora(self.transformer)
+        networks = self.pipeline_networks()
         options = {"revision": self.source.revision, "variant": self.source.variant}
         if self.source.torch_dtype is not None:
             options["torch_dtype"] = getattr(torch, self.source.torch_dtype)
         try:
-            parts = self.source.load_overrides(skip=("transformer", "scheduler"))
+            parts = self.source.load_overrides(skip=(*networks, "scheduler"))
             pipeline = getattr(diffusers, self.pipeline_class).from_pretrained(
-                self.source.path, transformer=network, scheduler=self.scheduler, **parts, **options
+                self.source.path, **networks, scheduler=self.scheduler, **parts, **options
             )
         except (OSError, ValueError) as error:
             raise FlowpostError(
                 f"cannot load the source pipeline to export: {error}", where=self.source.path
             ) from error
         pipeline.save_pretrained(path, safe_serialization=True)
+
+    def pipeline_networks(self) -> dict[str, torch.nn.Module]:
+        """The pipeline components this model replaces in an export, by component name (LoRA merged)."""
+        return {"transformer": without_lora(self.transformer)}
 
     def describe(self) -> dict[str, Any]:
         description = super().describe()

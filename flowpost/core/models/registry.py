@@ -16,6 +16,7 @@ FAMILIES: dict[str, str] = {
     "sd3": "flowpost.core.models.sd3:SD3Adapter",
     "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
     "wan2": "flowpost.core.models.wan2:Wan2Adapter",
+    "wan22-a14b": "flowpost.core.models.wan22:Wan22Adapter",
     "z-image": "flowpost.core.models.z_image:ZImageAdapter",
 }
 FAMILY_REGISTRY = Registry(

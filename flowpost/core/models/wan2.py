@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -70,23 +70,22 @@ class Wan2Adapter(PipelineFamily):
         self._check_video_size()
 
     @classmethod
-    def from_pipeline(cls, source: PretrainedSource, **options: Any) -> Self:
+    def _load(cls, source: PretrainedSource, *, weights: bool = True) -> tuple[torch.nn.Module, Any]:
         """A one-transformer Wan pipeline (Wan2.1 T2V, Wan2.2 TI2V-5B: its per-token timesteps are all the
         same in text to video, so one timestep gives the same velocity); a two-expert Wan2.2 pipeline
-        (``transformer_2`` below ``boundary_ratio``) is refused."""
-        from diffusers import WanPipeline
+        (``transformer_2`` below ``boundary_ratio``) is family ``wan22-a14b``'s."""
+        cls.check_experts(pipeline_index(source), source)
+        return super()._load(source, weights=weights)
 
-        try:
-            index = WanPipeline.load_config(source.path, revision=source.revision)
-        except (OSError, ValueError) as error:
-            raise FlowpostError(f"cannot read its model_index.json: {error}", where=source.path) from error
+    @classmethod
+    def check_experts(cls, index: dict[str, Any], source: PretrainedSource) -> None:
+        """Refuse a pipeline whose ``model_index.json`` (``index``) pairs two experts."""
         if index.get("boundary_ratio") is not None:
             raise FlowpostError(
                 f"a two-expert Wan2.2 pipeline (transformer_2 below boundary_ratio {index['boundary_ratio']}); wan2 "
-                "trains one transformer: use a Wan2.1 T2V or Wan2.2 TI2V-5B pipeline",
+                "trains one transformer: set model.family: wan22-a14b",
                 where=f"{source.path}/model_index.json",
             )
-        return super().from_pipeline(source, **options)
 
     @staticmethod
     def scheduler_shift(config: Any) -> float:
@@ -212,3 +211,13 @@ class Wan2Adapter(PipelineFamily):
         mean, std = self._latent_statistics(scaled)
         pixels = vae.decode(scaled / (1.0 / std) + mean, return_dict=False)[0]
         return (pixels.float() / 2.0 + 0.5).clamp(0.0, 1.0)
+
+
+def pipeline_index(source: PretrainedSource) -> dict[str, Any]:
+    """The pipeline's ``model_index.json`` (its components and options: ``boundary_ratio``, ``expand_timesteps``)."""
+    from diffusers import WanPipeline
+
+    try:
+        return dict(WanPipeline.load_config(source.path, revision=source.revision))
+    except (OSError, ValueError) as error:
+        raise FlowpostError(f"cannot read its model_index.json: {error}", where=source.path) from error

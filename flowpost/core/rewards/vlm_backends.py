@@ -16,7 +16,7 @@ from PIL import Image
 
 from flowpost.core.rewards.clip import load_pretrained
 from flowpost.core.rewards.http_session import HttpSession
-from flowpost.core.rewards.model_options import scoring_device, scoring_dtype
+from flowpost.core.rewards.model_options import scoring_options
 from flowpost.core.rewards.remote import checked_url, send_with_retries
 from flowpost.core.rewards.vlm_questions import Answer, Question
 from flowpost.errors import FlowpostError
@@ -114,14 +114,15 @@ class ChatEndpoint:
 
 class LocalVlm:
     """A transformers image-text-to-text model (``AutoModelForImageTextToText``) and its processor (chat
-    template, tokenizer, image processor), asked one request at a time as a server would: yes_prob from the
-    first token's logits (log-softmax in float32, its ``top_logprobs`` most likely tokens), score from greedy
+    template, tokenizer, image processor), asked ``batch_size`` requests per forward, left-padded (each row's
+    positions count its own tokens only, so a padded row answers as it would alone): yes_prob from the last
+    token's logits (log-softmax in float32, its ``top_logprobs`` most likely tokens), score from greedy
     generation."""
 
-    def __init__(self, model: str, *, processor: str | None, device: str | None, dtype: str) -> None:
+    def __init__(self, model: str, *, processor: str | None, device: str | None, dtype: str, batch_size: int) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        self.device, self.dtype = scoring_device(device), scoring_dtype(dtype)
+        self.device, self.dtype, self.batch_size = scoring_options(device, dtype, batch_size)
         self.where = str(model)
         self.model = load_pretrained(AutoModelForImageTextToText, str(model), "model")
         self.model.to(dtype=self.dtype).eval().requires_grad_(False)
@@ -132,30 +133,50 @@ class LocalVlm:
                 "the processor has no chat template; give a processor folder with chat_template.jinja",
                 where=f"options.{option}",
             )
+        tokenizer = self.processor.tokenizer
+        if tokenizer.pad_token is None and self.batch_size > 1:
+            raise FlowpostError(
+                "the processor's tokenizer has no pad token, so requests cannot share a forward; set batch_size: 1",
+                where="options.batch_size",
+            )
+        tokenizer.padding_side = "left"  # every row's last position is its own last token
 
     @torch.no_grad()
     def answers(self, requests: list[Request], question: Question, device: torch.device) -> list[Answer]:
         """The model's answers to ``requests``, in order, computed on ``device`` unless ``device`` was set."""
         device = self.device or device
         self.model.to(device)
-        return [self._answer(images, text, question, device) for images, text in requests]
+        answers: list[Answer] = []
+        for start in range(0, len(requests), self.batch_size):
+            answers += self._answer_batch(requests[start : start + self.batch_size], question, device)
+        return answers
 
-    def _answer(self, images: list[str], text: str, question: Question, device: torch.device) -> Answer:
-        pictures = [Image.open(io.BytesIO(base64.b64decode(image))).convert("RGB") for image in images]
-        content = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": text}]
-        prompt = self.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
-        inputs = self.processor(text=[prompt], images=pictures, return_tensors="pt")
+    def _answer_batch(self, requests: list[Request], question: Question, device: torch.device) -> list[Answer]:
+        texts, pictures = [], []
+        for images, text in requests:
+            decoded = [Image.open(io.BytesIO(base64.b64decode(image))).convert("RGB") for image in images]
+            content = [{"type": "image"} for _ in decoded] + [{"type": "text", "text": text}]
+            texts.append(
+                self.processor.apply_chat_template(
+                    [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+                )
+            )
+            pictures += decoded
+        inputs = self.processor(text=texts, images=pictures, return_tensors="pt", padding=True)
         inputs = {
             key: value.to(device, self.dtype if value.is_floating_point() else value.dtype)
             for key, value in inputs.items()
         }
         tokenizer = self.processor.tokenizer
         if question.mode == "yes_prob":
-            logits = self.model(**inputs).logits[0, -1].float()
+            positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+            logits = self.model(**inputs, position_ids=positions).logits[:, -1].float()
             top = torch.log_softmax(logits, dim=-1).topk(question.top_logprobs)
-            first = [(tokenizer.decode([int(i)]), float(v)) for v, i in zip(top.values, top.indices, strict=True)]
-            return Answer(tokenizer.decode([int(top.indices[0])]), first)
+            answers = []
+            for values, indices in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                first = [(tokenizer.decode([index]), value) for value, index in zip(values, indices, strict=True)]
+                answers.append(Answer(tokenizer.decode([indices[0]]), first))
+            return answers
         output = self.model.generate(**inputs, max_new_tokens=question.max_tokens, do_sample=False)
-        return Answer(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
+        prompt_width = inputs["input_ids"].shape[1]
+        return [Answer(tokenizer.decode(row[prompt_width:], skip_special_tokens=True)) for row in output]

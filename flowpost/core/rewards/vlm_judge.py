@@ -44,6 +44,7 @@ class _Judge:
         processor: str | None = None,
         device: str | None = None,
         dtype: str = "float32",
+        batch_size: int = 8,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise FlowpostError(f"model must be a served model name or a folder, got {model!r}", where="options.model")
@@ -64,6 +65,7 @@ class _Judge:
         server = {"timeout": timeout != 60.0, "retries": retries != 3, "backoff": backoff != 0.5}
         server |= {"concurrency": concurrency != 8, "token_env": token_env is not None}
         local = {"processor": processor is not None, "device": device is not None, "dtype": dtype != "float32"}
+        local |= {"batch_size": batch_size != 8}
         if unused := [option for option, given in (local if url is not None else server).items() if given]:
             where = "a server's judge" if url is not None else "a judge in this process (no url)"
             raise FlowpostError(f"{unused[0]} does not apply to {where}", where=f"options.{unused[0]}")
@@ -79,7 +81,7 @@ class _Judge:
                 token_env=token_env,
             )
         else:
-            self.backend = LocalVlm(model, processor=processor, device=device, dtype=dtype)
+            self.backend = LocalVlm(model, processor=processor, device=device, dtype=dtype, batch_size=batch_size)
 
     def values(self, requests: list[Request], device: torch.device) -> list[float]:
         """Each request's answer as a value in [0, 1]."""
@@ -138,6 +140,7 @@ class VlmPairwiseJudge(_Judge):
         processor: str | None = None,
         device: str | None = None,
         dtype: str = "float32",
+        batch_size: int = 8,
     ) -> None:
         if wins not in ("probability", "count"):
             raise FlowpostError(f"wins must be probability or count, got {wins!r}", where="options.wins")

@@ -336,8 +336,10 @@ class BaseTrainer(ABC):
             self.checkpoints.save(self.progress, position=self.position)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate gradients of ``loss`` (already divided by the accumulation count)."""
-        self.parallel.backward(loss, self.accelerator)
+        """Accumulate gradients of ``loss`` (already divided by the accumulation count); a loss with no path to a
+        trainable weight (a replay pass over steps a frozen Wan2.2 expert denoises) adds none."""
+        if loss.requires_grad:
+            self.parallel.backward(loss, self.accelerator)
 
     def backpropagate(self, objective: Objective) -> Metrics:
         """Backpropagate each loss part ``objective`` yields before asking for the next; its metrics."""

@@ -29,6 +29,7 @@ FAMILIES = {
     "flux1": ("flux1_pipeline_dir", {"resolution": FLUX1_RESOLUTION}),
     "qwen-image": ("qwen_image_pipeline_dir", {"resolution": QWEN_IMAGE_RESOLUTION}),
     "wan2": ("wan2_pipeline_dir", {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES}),
+    "wan22-a14b": ("wan22_pipeline_dir", {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES}),
     "z-image": ("z_image_pipeline_dir", {"resolution": Z_IMAGE_RESOLUTION}),
     "flux2": ("flux2_pipeline_dir", {"resolution": FLUX2_RESOLUTION}),
     "flux2-klein": ("flux2_klein_pipeline_dir", {"resolution": FLUX2_RESOLUTION}),
@@ -90,11 +91,11 @@ def test_gradient_checkpointing_reaches_the_transformer_and_survives_a_save(
     folder = request.getfixturevalue(fixture)
     model = {"family": family, "pretrained": str(folder), "options": {**options, "gradient_checkpointing": True}}
     adapter = sft_adapter(with_model(tiny_pipeline, model), tmp_path / "stage")
-    assert adapter.transformer.gradient_checkpointing is True
+    assert adapter.transformer.is_gradient_checkpointing is True  # wan22-a14b: each expert's
     assert adapter.describe()["gradient_checkpointing"] is True
     adapter.save_pretrained(tmp_path / "saved")
     loaded = adapter_class(family).from_pretrained(tmp_path / "saved")
-    assert loaded.gradient_checkpointing is True and loaded.transformer.gradient_checkpointing is True
+    assert loaded.gradient_checkpointing is True and loaded.transformer.is_gradient_checkpointing is True
     assert loaded.latent_shape == adapter.latent_shape
 
 

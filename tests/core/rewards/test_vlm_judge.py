@@ -131,6 +131,8 @@ def _judge(reward: str = "vlm_judge", **options: Any) -> Any:
         ({"retries": 5}, "retries", "does not apply to a judge in this process"),
         ({"name": "my judge"}, "name", "must be a word"),
         ({"url": "http://127.0.0.1:1/v1", "dtype": "bfloat16"}, "dtype", "does not apply to a server's judge"),
+        ({"url": "http://127.0.0.1:1/v1", "batch_size": 4}, "batch_size", "does not apply to a server's judge"),
+        ({"batch_size": 0}, "batch_size", "positive integer"),
     ],
 )
 def test_bad_options_name_their_path(vlm: str, options: dict[str, Any], where: str, message: str) -> None:
@@ -193,6 +195,18 @@ def test_the_served_judge_gives_the_in_process_numbers(vlm: str, server: str, mo
     assert not torch.equal(other, served)  # and for different prompts
     if mode == "yes_prob":
         assert 0 < float(served.max() - served.min()) and any(0 < v < 1 for v in served.tolist())
+
+
+@pytest.mark.parametrize(
+    ("reward", "mode"), [("vlm_judge", "yes_prob"), ("vlm_judge", "score"), ("vlm_pairwise_judge", "yes_prob")]
+)
+def test_requests_sharing_a_forward_answer_as_they_do_alone(vlm: str, reward: str, mode: str) -> None:
+    prompts = ["a red cat", "a dog", "a very green car", "a cat", "a red and blue dog"]  # rows padded unevenly
+    metadata = [{"group_id": i // 3} for i in range(len(prompts))]
+    alone = _judge(reward, model=vlm, mode=mode, batch_size=1)(_media(), prompts, metadata)
+    shared = _judge(reward, model=vlm, mode=mode, batch_size=3)(_media(), prompts, metadata)
+    torch.testing.assert_close(shared, alone, atol=1e-5, rtol=0)
+    assert len(set(alone.tolist())) > 1
 
 
 def test_pairwise_win_rates_sum_to_half_of_each_group(vlm: str, server: str) -> None:

@@ -127,6 +127,14 @@ def wan2_data_dirs(tmp_path_factory: pytest.TempPathFactory, wan2_pipeline_dir: 
 
 
 @pytest.fixture(scope="session")
+def wan22_data_dirs(tmp_path_factory: pytest.TempPathFactory, wan22_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The same clips, their prompts encoded by the two-expert folder's own text encoder."""
+    encode = load_wan2_adapter(wan22_pipeline_dir, family="wan22-a14b").encode_conditions
+    shape = (3, FRAMES, HEIGHT, WIDTH)
+    return write_stage_data(tmp_path_factory.mktemp("wan22-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
 def qwen_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, qwen_image_pipeline_dir: Path) -> tuple[Path, Path]:
     """The demonstrations as RGB images at the tiny Qwen-Image resolution, their prompts encoded by its adapter
     (rows of different lengths, padded and masked)."""

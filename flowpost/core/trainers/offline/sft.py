@@ -82,9 +82,10 @@ class SFTTrainer(DatasetTrainer):
         noise = addressed_randn(x0.shape[1:], purpose="noise", **address).to(device, x0.dtype)
         normals = addressed_randn((), purpose="sigma", **address)
         dropped = addressed_rand((), purpose="cfg-dropout", **address) < self.args.cfg_dropout
-        sigma = logit_normal_sigmas(
+        drawn = logit_normal_sigmas(
             normals, mean=self.args.logit_mean, std=self.args.logit_std, shift=self.adapter.shift
-        ).to(device)
+        )
+        sigma = self.adapter.training_sigmas(drawn).to(device)
         prompts = [NULL_PROMPT if drop else p for p, drop in zip(batch["prompt"], dropped.tolist(), strict=True)]
         state = self.adapter.prepare_condition_state(self.conditions.lookup(prompts).to(device, x0.dtype))
         velocity = self.adapter.velocity(noised(x0, noise, sigma), sigma, state)
