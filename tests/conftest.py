@@ -121,6 +121,22 @@ def z_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def flux2_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random FLUX.2-dev diffusers pipeline folder (``tests/tiny_flux2_pipeline.py``)."""
+    from tiny_flux2_pipeline import build_tiny_flux2_pipeline
+
+    return build_tiny_flux2_pipeline(tmp_path_factory.mktemp("flux2") / "pipeline")
+
+
+@pytest.fixture(scope="session")
+def flux2_klein_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random FLUX.2-klein (base) diffusers pipeline folder (``tests/tiny_flux2_pipeline.py``)."""
+    from tiny_flux2_pipeline import build_tiny_flux2_pipeline
+
+    return build_tiny_flux2_pipeline(tmp_path_factory.mktemp("flux2-klein") / "pipeline", variant="klein")
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness
 

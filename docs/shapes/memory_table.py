@@ -28,6 +28,8 @@ SHAPES = Path(__file__).resolve().parent
 FAMILIES: dict[str, tuple[str, str, dict[str, Any], int]] = {  # family -> (shape folder, label, options, tokens)
     "sd3": ("sd3.5-medium", "SD3.5-Medium, 1024 px", {}, 256),
     "flux1": ("flux1-dev", "FLUX.1-dev, 512 px", {"resolution": 512}, 512),
+    "flux2": ("flux2-dev", "FLUX.2-dev, 512 px", {"resolution": 512}, 512),
+    "flux2-klein": ("flux2-klein-base-4b", "FLUX.2-klein-base-4B, 512 px", {"resolution": 512}, 512),
     "qwen-image": ("qwen-image", "Qwen-Image, 512 px", {"resolution": 512}, 256),
     "z-image": ("z-image-turbo", "Z-Image-Turbo, 512 px", {"resolution": 512}, 512),
     "wan2": (

@@ -190,6 +190,8 @@ def _shift_words(schedule: dict[str, Any]) -> str:
     dynamic = schedule.get("dynamic_shift")
     if not dynamic:
         return f"shift {schedule['shift']}"
+    if "mu" in dynamic:  # a family's own rule (FLUX.2's empirical fit), in words
+        return f"sampling shifted by mu from {dynamic['mu']}, training sigmas shift {schedule['shift']}"
     return (
         f"sampling shifted by mu from the image token count (base_shift {dynamic['base_shift']} at "
         f"{dynamic['base_seq_len']} tokens, max_shift {dynamic['max_shift']} at {dynamic['max_seq_len']}), "

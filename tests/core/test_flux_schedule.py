@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from flowpost.core.sampling.schedules import flux_shift_mu, flux_sigmas, shift_sigmas
+from flowpost.core.sampling.schedules import flux2_shift_mu, flux_shift_mu, flux_sigmas, shift_sigmas
 
 
 def _linear_mu(seq_len: float) -> float:
@@ -79,3 +79,18 @@ def test_larger_images_keep_more_noise() -> None:
 def test_zero_steps_is_rejected() -> None:
     with pytest.raises(ValueError):
         flux_sigmas(0, 1024)
+
+
+@pytest.mark.parametrize("steps", [1, 4, 28, 50, 200])
+def test_flux2_mu_is_the_stock_pipelines_to_the_bit(steps: int) -> None:
+    from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
+
+    for tokens in (16, 256, 1024, 4096, 4300, 4301, 16384):
+        assert flux2_shift_mu(tokens, steps) == compute_empirical_mu(tokens, steps), tokens
+
+
+def test_flux2_mu_follows_each_fitted_line_at_its_step_count_and_the_200_step_one_past_4300_tokens() -> None:
+    for tokens in (256, 4096):
+        assert flux2_shift_mu(tokens, 10) == pytest.approx(8.73809524e-5 * tokens + 1.89833333, abs=1e-12)
+        assert flux2_shift_mu(tokens, 200) == pytest.approx(1.6927e-4 * tokens + 0.45666666, abs=1e-12)
+    assert flux2_shift_mu(8192, 4) == flux2_shift_mu(8192, 50) == pytest.approx(1.6927e-4 * 8192 + 0.45666666)

@@ -1,12 +1,14 @@
-"""Shape-faithful pipeline folders: the published configs of seven real checkpoints (``docs/shapes/``), built
-locally with random bf16 weights, one block of each block kind, one text-encoder layer and tokenizers trained
-here.
+"""Shape-faithful pipeline folders: the published configs of nine real checkpoints (``docs/shapes/``), built
+locally with random bf16 weights, one block of each block kind, one text-encoder layer (FLUX.2: the layers its
+pipelines read) and tokenizers trained here.
 
 The builder applies the only shrinks (``docs/shapes/SOURCES.md``): transformer ``num_layers`` /
 ``num_single_layers`` to 1 (Z-Image's ``n_layers`` / ``n_refiner_layers`` too; SD3.5-Medium's
 ``dual_attention_layers`` keep block 0), text-encoder layer
 counts to 1 (Qwen2.5-VL's vision tower too), ``vocab_size`` to the local tokenizer's, and the special-token
-ids a text-encoder config names to the same tokens' ids in that tokenizer. Nothing is downloaded.
+ids a text-encoder config names to the same tokens' ids in that tokenizer. FLUX.2's pipelines read hidden
+states of deep text-encoder layers (dev: 10, 20, 30; klein: 9, 18, 27): their encoders keep that many layers,
+each with one attention head and a 128-wide MLP, at the published hidden size. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tiny_flux2_pipeline import mistral_tokenizer
 from tiny_qwen_image_pipeline import qwen_tokenizer
 from tiny_sd3_pipeline import clip_tokenizer, t5_tokenizer
 from tiny_z_image_pipeline import z_image_tokenizer
@@ -34,6 +37,7 @@ class Checkpoint:
     hub_id: str
     family: str
     width: int
+    init_dtype: torch.dtype = torch.float32  # the dtype its random transformer is drawn in before the cast to bf16
 
 
 CHECKPOINTS: dict[str, Checkpoint] = {
@@ -44,7 +48,11 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "wan2.2-ti2v-5b": Checkpoint("Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan2", 3072),
     "wan2.2-t2v-a14b": Checkpoint("Wan-AI/Wan2.2-T2V-A14B-Diffusers", "wan22-a14b", 5120),
     "z-image-turbo": Checkpoint("Tongyi-MAI/Z-Image-Turbo", "z-image", 3840),
+    # 2.2 B parameters with one block of each kind: drawn in fp32 they would take 9 GB before the cast
+    "flux2-dev": Checkpoint("black-forest-labs/FLUX.2-dev", "flux2", 6144, torch.bfloat16),
+    "flux2-klein-base-4b": Checkpoint("black-forest-labs/FLUX.2-klein-base-4B", "flux2-klein", 3072),
 }
+READ_LAYERS = {"flux2": 30, "flux2-klein": 27}  # the deepest text-encoder layer each FLUX.2 pipeline reads
 SPECIAL_TOKENS: dict[str, dict[str, str]] = {  # per text-encoder model_type: the token each id field names
     "clip_text_model": {
         "bos_token_id": "<|startoftext|>",
@@ -53,6 +61,7 @@ SPECIAL_TOKENS: dict[str, dict[str, str]] = {  # per text-encoder model_type: th
     },
     "qwen2_5_vl": {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"},
     "qwen3": {"bos_token_id": "<|endoftext|>", "eos_token_id": "<|im_end|>"},
+    "mistral": {"bos_token_id": "<s>", "eos_token_id": "</s>", "pad_token_id": "<pad>"},
 }
 
 
@@ -77,13 +86,28 @@ def transformer_config(checkpoint: str, component: str = "transformer") -> dict[
 
 
 def text_encoder_config(checkpoint: str, component: str, tokenizer: Any) -> dict[str, Any]:
-    """The published text-encoder config with one layer, the tokenizer's vocabulary and its special-token ids."""
+    """The published text-encoder config with one layer (FLUX.2: the layers its pipeline reads, narrowed), the
+    tokenizer's vocabulary and its special-token ids."""
     config = published(checkpoint, component)
-    for key in ("num_hidden_layers", "num_layers", "num_decoder_layers"):
-        if key in config:
-            config[key] = 1
+    if "text_config" in config:  # Mistral-3: the language model nested beside a vision tower it is not fed
+        vision = {**config["vision_config"], "num_hidden_layers": 1}
+        return {**config, "text_config": _shrunk(checkpoint, config["text_config"], tokenizer), "vision_config": vision}
     if "vision_config" in config:
         config["vision_config"] = {**config["vision_config"], "depth": 1}
+    return _shrunk(checkpoint, config, tokenizer)
+
+
+def _shrunk(checkpoint: str, config: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """A language model's config with the shrinks above applied."""
+    config = dict(config)
+    layers = READ_LAYERS.get(CHECKPOINTS[checkpoint].family)
+    for key in ("num_hidden_layers", "num_layers", "num_decoder_layers"):
+        if key in config:
+            config[key] = layers or 1
+    if layers:
+        config.update(num_attention_heads=1, num_key_value_heads=1, intermediate_size=128)
+        if "max_window_layers" in config:
+            config["max_window_layers"] = layers
     config["vocab_size"] = len(tokenizer)
     for key, token in SPECIAL_TOKENS.get(config["model_type"], {}).items():
         config[key] = tokenizer.convert_tokens_to_ids(token)
@@ -95,8 +119,10 @@ def tokenizers(checkpoint: str) -> dict[str, Any]:
     family = CHECKPOINTS[checkpoint].family
     if family == "qwen-image":
         return {"tokenizer": qwen_tokenizer()}
-    if family == "z-image":
+    if family in ("z-image", "flux2-klein"):
         return {"tokenizer": z_image_tokenizer()}
+    if family == "flux2":
+        return {"tokenizer": mistral_tokenizer()}
     t5 = t5_tokenizer()
     t5.model_max_length = T5_LENGTH
     if family in ("wan2", "wan22-a14b"):
@@ -120,8 +146,14 @@ def _component(checkpoint: str, name: str, class_name: str, tokens: dict[str, An
         tokenizer = tokens[name.replace("text_encoder", "tokenizer")]
         config = model_class.config_class.from_dict(text_encoder_config(checkpoint, name, tokenizer))
         return model_class(config).eval().to(DTYPE)
-    config = transformer_config(checkpoint, name) if name.startswith("transformer") else published(checkpoint, name)
-    return getattr(diffusers, class_name).from_config(config).eval().to(DTYPE)
+    if not name.startswith("transformer"):
+        return getattr(diffusers, class_name).from_config(published(checkpoint, name)).eval().to(DTYPE)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(CHECKPOINTS[checkpoint].init_dtype)
+    try:
+        return getattr(diffusers, class_name).from_config(transformer_config(checkpoint, name)).eval().to(DTYPE)
+    finally:
+        torch.set_default_dtype(default)
 
 
 def build_folder(checkpoint: str, out: Path, *, seed: int = 0) -> Path:

@@ -28,6 +28,8 @@ FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small la
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "wan22-a14b": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "z-image": {"resolution": 128},
+    "flux2": {"resolution": 128},
+    "flux2-klein": {"resolution": 128},
 }
 VIDEO = ("wan2", "wan22-a14b")
 
@@ -49,7 +51,7 @@ def _generate(checkpoint: str, folder: Path) -> torch.Tensor:
     if CHECKPOINTS[checkpoint].family in VIDEO:
         options["num_frames"] = FRAMES
     with torch.no_grad():
-        output = pipeline(PROMPT, generator=torch.Generator().manual_seed(0), **options)
+        output = pipeline(prompt=PROMPT, generator=torch.Generator().manual_seed(0), **options)
     return output.frames if CHECKPOINTS[checkpoint].family in VIDEO else output.images
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from pretrained_stage import RGB_FOLDER
 from tiny_flux1_pipeline import load_flux1_adapter
+from tiny_flux2_pipeline import DEV_MAX_LENGTH, KLEIN_MAX_LENGTH, load_flux2_adapter, load_flux2_klein_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import T5_LENGTH, load_sd3_adapter
 from tiny_z_image_pipeline import load_z_image_adapter
@@ -26,11 +27,13 @@ from flowpost.tasks.conditions import cache_conditions, encoder_settings
 from flowpost.tasks.runner import PRETRAINED, PipelineRun
 
 PROMPTS = ["a red cat", "a blue dog on a car"]
+LENGTHS = {"flux2": DEV_MAX_LENGTH, "flux2-klein": KLEIN_MAX_LENGTH}  # padded to: the prompts must fit
 
 
 def _config(folder: Path, family: str = "sd3") -> ConditionsConfig:
+    length = LENGTHS.get(family, T5_LENGTH)
     return ConditionsConfig.model_validate(
-        {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["x"], "max_length": T5_LENGTH}
+        {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["x"], "max_length": length}
     )
 
 
@@ -52,6 +55,8 @@ def test_the_cache_holds_the_familys_encode_conditions_exactly(sd3_pipeline_dir:
         ("flux1", load_flux1_adapter, "flux1_pipeline_dir"),
         ("qwen-image", load_qwen_image_adapter, "qwen_image_pipeline_dir"),
         ("z-image", load_z_image_adapter, "z_image_pipeline_dir"),
+        ("flux2", load_flux2_adapter, "flux2_pipeline_dir"),
+        ("flux2-klein", load_flux2_klein_adapter, "flux2_klein_pipeline_dir"),
     ],
 )
 def test_a_familys_cache_holds_its_encode_conditions(request, tmp_path: Path, family, loader, folder) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
+from tiny_flux2_pipeline import DEV_MAX_LENGTH, KLEIN_MAX_LENGTH, load_flux2_adapter, load_flux2_klein_adapter
 from tiny_qwen_image_pipeline import MAX_LENGTH as QWEN_IMAGE_MAX_LENGTH
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
@@ -185,6 +186,68 @@ def test_the_stock_z_image_pipeline_generates_what_flowpost_samples(z_image_expo
     torch.testing.assert_close(_stock_z_image_latents(pipe, noise), expected, rtol=0, atol=1e-5)
     untrained = _stock_z_image_latents(ZImagePipeline.from_pretrained(z_image_pipeline_dir), noise)
     assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
+
+
+FLUX2 = {  # variant: loader, folder fixture, max_sequence_length, pipeline class, flowpost's sampling guidance
+    "dev": (load_flux2_adapter, "flux2_pipeline_dir", DEV_MAX_LENGTH, "Flux2Pipeline", 1.0),
+    "klein": (load_flux2_klein_adapter, "flux2_klein_pipeline_dir", KLEIN_MAX_LENGTH, "Flux2KleinPipeline", 3.0),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FLUX2))
+def flux2_export(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A FLUX.2 variant with trained-looking LoRA, exported as LoRA, transformer and pipeline folders."""
+    load, fixture, max_length, pipeline_class, guidance = FLUX2[request.param]
+    folder = request.getfixturevalue(fixture)
+    adapter = _perturbed_lora(load(folder))
+    export = _export(adapter, tmp_path_factory.mktemp(f"flux2-{request.param}-export"), ("diffusers", "pipeline"))
+    return {
+        "adapter": adapter,
+        "export": export,
+        "folder": folder,
+        "max_length": max_length,
+        "guidance": guidance,
+        "pipeline_class": pipeline_class,
+    }
+
+
+def _stock_flux2_images(pipe: Any, noise: torch.Tensor, exported: dict[str, Any]) -> torch.Tensor:
+    """The stock pipeline's images from flowpost's packed noise (its latents are ``[B, C, side, side]``); dev's
+    ``guidance_scale`` is the embedded 4.0, klein's the CFG scale."""
+    side = int(noise.shape[1] ** 0.5)
+    grid = noise.transpose(1, 2).reshape(noise.shape[0], noise.shape[2], side, side)
+    guidance = exported["adapter"].distilled_guidance if exported["guidance"] == 1.0 else exported["guidance"]
+    options = {"num_inference_steps": STEPS, "guidance_scale": guidance, "max_sequence_length": exported["max_length"]}
+    size = {"height": RESOLUTION, "width": RESOLUTION}
+    return pipe(prompt=list(PROMPTS), latents=grid, output_type="pt", **size, **options).images
+
+
+@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
+def test_the_stock_flux2_pipelines_generate_what_flowpost_samples(flux2_export: dict[str, Any], route: str) -> None:
+    import diffusers
+
+    adapter, pipeline_class = flux2_export["adapter"], getattr(diffusers, flux2_export["pipeline_class"])
+    pipe = _stock_pipeline(
+        route, flux2_export["export"], flux2_export["folder"], pipeline_class, diffusers.Flux2Transformer2DModel
+    )
+    noise = _noise(adapter)
+    state = adapter.prepare_condition_state(adapter.encode_conditions(PROMPTS))
+    negative = adapter.prepare_condition_state(adapter.encode_conditions([""]).index([0, 0]))
+    with torch.no_grad():
+        sigmas = adapter.inference_sigmas(STEPS)
+        latents = sample_ode(adapter, noise, state, sigmas, guidance=flux2_export["guidance"], negative=negative)
+        expected = adapter.decode(latents)
+    torch.testing.assert_close(_stock_flux2_images(pipe, noise, flux2_export), expected, rtol=0, atol=1e-5)
+    untrained = _stock_flux2_images(pipeline_class.from_pretrained(flux2_export["folder"]), noise, flux2_export)
+    assert not torch.allclose(untrained, expected, atol=1e-3)  # the LoRA changed what is generated
+
+
+def test_a_flux2_export_documents_its_folders(flux2_export: dict[str, Any]) -> None:
+    export = flux2_export["export"]
+    card = (export / "README.md").read_text()
+    assert 'pipe.load_lora_weights("lora")' in card and "Flux2Transformer2DModel.from_pretrained" in card
+    assert "sampling shifted by mu from FLUX.2's empirical fit" in card and "base_shift" not in card
+    assert not (export / "lora_base").exists()  # the LoRA sits on the pretrained pipeline's transformer
 
 
 @pytest.mark.parametrize(

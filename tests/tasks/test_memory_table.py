@@ -14,6 +14,8 @@ PAGE = ROOT / "docs" / "speed-and-memory.md"
 PUBLISHED_BILLIONS = {
     "SD3.5-Medium": "2.24 B",
     "FLUX.1-dev": "11.90 B",
+    "FLUX.2-dev": "32.22 B",
+    "FLUX.2-klein-base-4B": "3.88 B",
     "Qwen-Image": "20.43 B",
     "Z-Image-Turbo": "6.15 B",
     "Wan2.1": "1.42 B",
@@ -30,6 +32,6 @@ def test_the_speed_and_memory_page_holds_the_table_the_preflight_computes() -> N
     table = module.table()
     assert table in PAGE.read_text()
     rows = table.splitlines()[2:]
-    assert len(rows) == 24  # per family: LoRA r32; over an int8 base; with adamw8bit and checkpointing too; full
+    assert len(rows) == 32  # per family: LoRA r32; over an int8 base; with adamw8bit and checkpointing too; full
     for model, count in PUBLISHED_BILLIONS.items():
         assert all(f"| {count} |" in row for row in rows if row.startswith(f"| {model}"))

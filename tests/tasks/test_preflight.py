@@ -30,6 +30,8 @@ SHAPES = ROOT / "docs" / "shapes"
 OPTIONS: dict[str, dict[str, Any]] = {
     "sd3": {},
     "flux1": {"resolution": RESOLUTION},
+    "flux2": {"resolution": RESOLUTION},
+    "flux2-klein": {"resolution": RESOLUTION},
     "qwen-image": {"resolution": RESOLUTION},
     "wan2": {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "gradient_checkpointing": True},
     "wan22-a14b": {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES, "gradient_checkpointing": True},
@@ -47,7 +49,7 @@ def _config(tiny_pipeline, model: dict[str, Any], **stage: Any) -> dict[str, Any
 
 @pytest.fixture(params=sorted(OPTIONS))
 def family_dir(request: pytest.FixtureRequest) -> tuple[str, Path]:
-    fixture = FIXTURES.get(request.param, "z_image")
+    fixture = FIXTURES.get(request.param, request.param.replace("-", "_"))
     return request.param, request.getfixturevalue(f"{fixture}_pipeline_dir")
 
 

@@ -317,7 +317,8 @@ def codec_channels(
     if isinstance(config, str):
         return None
     declared = int(config.get("in_channels", config.get("input_channels", 3)))  # diffusers' VAEs default to RGB
-    patch = int(config.get("patch_size") or 1)  # Wan2.2's VAE patchifies its input: in_channels counts the patches
+    patch = config.get("patch_size") or 1  # Wan2.2's VAE patchifies its input: in_channels counts the patches
+    patch = patch if isinstance(patch, int) else 1  # FLUX.2's (a pair) patches its latents, not its input
     what = f"in_channels {declared}" + (f", {patch}x{patch} patches of {declared // patch**2}" if patch > 1 else "")
     return Codec(declared // patch**2, f"the VAE of family {family!r} ({folder}: {what})", False)
 

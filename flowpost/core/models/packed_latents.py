@@ -1,4 +1,4 @@
-"""What the families on 2x2-packed latent tokens share (flux1, qwen-image): the square resolution, the
+"""What the families on 2x2-packed latent tokens share (flux1, flux2, qwen-image): the square resolution, the
 latent shape, the stock pipeline's packing and its dynamic-shift sigmas."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the families loaded from a diffusers pipeline share (sd3, flux1, qwen-image, wan2): the source,
+"""What the families loaded from a diffusers pipeline share (sd3, flux1, flux2, qwen-image, wan2, z-image): the source,
 the scheduler, the manifest round trip, the pipeline export, the VAE codec, the text encoders and the scheduler's
 inference sigmas."""
 
@@ -229,13 +229,7 @@ class PipelineFamily(TransformerAdapter):
         config = scheduler.config
         options: dict[str, Any] = {} if sigmas is None else {"sigmas": sigmas}
         if config.get("use_dynamic_shifting"):
-            options["mu"] = flux_shift_mu(
-                image_seq_len,
-                base_seq_len=config.base_image_seq_len,
-                max_seq_len=config.max_image_seq_len,
-                base_shift=config.base_shift,
-                max_shift=config.max_shift,
-            )
+            options["mu"] = self.dynamic_shift_mu(image_seq_len, steps)
         with np.errstate(invalid="ignore", divide="ignore"):  # a 1-step grid stretched to shift_terminal: refused below
             scheduler.set_timesteps(None if sigmas is not None else steps, **options)
         if not bool(torch.isfinite(scheduler.sigmas).all()):
@@ -245,6 +239,18 @@ class PipelineFamily(TransformerAdapter):
                 where="sampling.steps",
             )
         return scheduler.sigmas.float().cpu()
+
+    def dynamic_shift_mu(self, image_seq_len: int, steps: int) -> float:
+        """The ``mu`` a dynamically shifting scheduler samples with: FLUX's line through the scheduler config's
+        ``base_shift`` and ``max_shift`` at its two token counts (the step count does not enter)."""
+        config = self.scheduler.config
+        return flux_shift_mu(
+            image_seq_len,
+            base_seq_len=config.base_image_seq_len,
+            max_seq_len=config.max_image_seq_len,
+            base_shift=config.base_shift,
+            max_shift=config.max_shift,
+        )
 
     @cached_property
     def vae(self) -> torch.nn.Module:

@@ -10,6 +10,8 @@ from flowpost.core.plugins import Registry
 
 FAMILIES: dict[str, str] = {
     "flux1": "flowpost.core.models.flux1:Flux1Adapter",
+    "flux2": "flowpost.core.models.flux2:Flux2Adapter",
+    "flux2-klein": "flowpost.core.models.flux2:Flux2KleinAdapter",
     "qwen-image": "flowpost.core.models.qwen_image:QwenImageAdapter",
     "qwen-image-edit": "flowpost.core.models.qwen_image_edit:QwenImageEditAdapter",
     "sd3": "flowpost.core.models.sd3:SD3Adapter",

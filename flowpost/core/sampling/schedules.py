@@ -46,6 +46,18 @@ def flux_shift_mu(
     return base_shift + slope * (image_seq_len - base_seq_len)
 
 
+def flux2_shift_mu(image_seq_len: int, num_steps: int) -> float:
+    """FLUX.2's empirical shift (its diffusers pipelines' ``compute_empirical_mu``): two lines in the packed
+    token count fitted at 10 and 200 steps, interpolated linearly in the step count; past 4300 tokens the
+    200-step line alone."""
+    at_200 = 1.6927e-4 * image_seq_len + 0.45666666
+    if image_seq_len > 4300:
+        return float(at_200)
+    at_10 = 8.73809524e-5 * image_seq_len + 1.89833333
+    slope = (at_200 - at_10) / 190.0
+    return float(slope * num_steps + (at_200 - 200.0 * slope))
+
+
 def flux_sigmas(
     num_steps: int,
     image_seq_len: int,

@@ -20,6 +20,7 @@ FOLDER = Path(__file__).parents[2] / "data" / "folder"  # captioned shapes, for 
 OPTIONS: dict[str, dict[str, Any]] = {
     "sd3": {},
     "flux1": {"resolution": RESOLUTION},
+    "flux2": {"resolution": RESOLUTION},
     "qwen-image": {},
     "wan2": {},
     "z-image": {"resolution": RESOLUTION},
@@ -29,10 +30,7 @@ DIGITS = str(default_pipeline_path())
 
 @pytest.fixture(params=sorted(OPTIONS))
 def family_dir(request: pytest.FixtureRequest) -> tuple[str, Path]:
-    fixture = {"sd3": "sd3", "flux1": "flux1", "qwen-image": "qwen_image", "wan2": "wan2", "z-image": "z_image"}[
-        request.param
-    ]
-    return request.param, request.getfixturevalue(f"{fixture}_pipeline_dir")
+    return request.param, request.getfixturevalue(f"{request.param.replace('-', '_')}_pipeline_dir")
 
 
 def _shapes(tiny_pipeline, model: dict[str, Any], mode: str) -> dict[str, Any]:

@@ -27,13 +27,14 @@ def _stage(family: str, **train: float) -> StageConfig:
 
 
 def test_flux1_is_guidance_distilled_and_the_others_are_not() -> None:
-    assert adapter_class("flux1").guidance_distilled
-    others = ("tiny-sd3", "sd3", "qwen-image", "wan2", "z-image")  # z-image: the base model samples with CFG
+    assert adapter_class("flux1").guidance_distilled and adapter_class("flux2").guidance_distilled
+    others = ("tiny-sd3", "sd3", "qwen-image", "wan2", "z-image", "flux2-klein")  # their base models sample with CFG
     assert not any(adapter_class(family).guidance_distilled for family in others)
 
 
 @pytest.mark.parametrize(
-    ("family", "dropout"), [("flux1", 0.0), ("tiny-sd3", 0.1), ("sd3", 0.1), ("qwen-image", 0.1), ("z-image", 0.1)]
+    ("family", "dropout"),
+    [("flux1", 0.0), ("tiny-sd3", 0.1), ("sd3", 0.1), ("qwen-image", 0.1), ("z-image", 0.1), ("flux2", 0.0)],
 )
 def test_the_cfg_dropout_default_follows_the_family(family: str, dropout: float) -> None:
     assert _stage(family).arguments().cfg_dropout == dropout

@@ -114,8 +114,8 @@ def test_a_condition_caches_folder_is_checked_against_its_family(
     config = with_model(tiny_pipeline, {"family": "flux1", "pretrained": str(flux1_pipeline_dir)})
     config["conditions"]["own"]["model"]["pretrained"] = str(sd3_pipeline_dir)
     _refused(config, f"conditions.own.model.pretrained: {sd3_pipeline_dir} holds a StableDiffusion3Pipeline")
-    config["conditions"]["spare"] = {"model": {"family": "flux2", "pretrained": "owner/name"}, "datasets": ["digits"]}
-    _refused(config, "conditions.spare.model.family: unknown model family 'flux2'")
+    config["conditions"]["spare"] = {"model": {"family": "flux9", "pretrained": "owner/name"}, "datasets": ["digits"]}
+    _refused(config, "conditions.spare.model.family: unknown model family 'flux9'")
 
 
 def test_a_transformer_of_another_family_is_refused(tiny_pipeline, sd3_pipeline_dir: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from pretrained_stage import sft_adapter, with_model
 from tiny_flux1_pipeline import RESOLUTION as FLUX1_RESOLUTION
+from tiny_flux2_pipeline import RESOLUTION as FLUX2_RESOLUTION
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_sd3_pipeline import T5_LENGTH
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH
@@ -30,6 +31,8 @@ FAMILIES = {
     "wan2": ("wan2_pipeline_dir", {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES}),
     "wan22-a14b": ("wan22_pipeline_dir", {"height": HEIGHT, "width": WIDTH, "num_frames": FRAMES}),
     "z-image": ("z_image_pipeline_dir", {"resolution": Z_IMAGE_RESOLUTION}),
+    "flux2": ("flux2_pipeline_dir", {"resolution": FLUX2_RESOLUTION}),
+    "flux2-klein": ("flux2_klein_pipeline_dir", {"resolution": FLUX2_RESOLUTION}),
 }
 
 

@@ -1,4 +1,4 @@
-"""What every family loaded from a diffusers pipeline folder does alike (sd3, flux1, qwen-image, z-image)."""
+"""What every family loaded from a diffusers pipeline folder does alike (sd3, flux1, flux2, qwen-image, z-image)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from tiny_flux1_pipeline import load_flux1_adapter
+from tiny_flux2_pipeline import load_flux2_adapter, load_flux2_klein_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 from tiny_z_image_pipeline import load_z_image_adapter
@@ -22,6 +23,8 @@ LOADERS = {
     "flux1": (load_flux1_adapter, "flux1_pipeline_dir"),
     "qwen-image": (load_qwen_image_adapter, "qwen_image_pipeline_dir"),
     "z-image": (load_z_image_adapter, "z_image_pipeline_dir"),
+    "flux2": (load_flux2_adapter, "flux2_pipeline_dir"),
+    "flux2-klein": (load_flux2_klein_adapter, "flux2_klein_pipeline_dir"),
 }
 
 
@@ -74,6 +77,7 @@ def test_vae_round_trip_shapes(load: Any) -> None:
         *[("flux1", c) for c in ("transformer", "scheduler", "vae", "text_encoder_2")],
         *[("qwen-image", c) for c in ("transformer", "vae", "text_encoder", "tokenizer")],
         *[("z-image", c) for c in ("transformer", "scheduler", "vae", "text_encoder", "tokenizer")],
+        *[("flux2", c) for c in ("transformer", "vae", "text_encoder", "tokenizer")],
     ],
 )
 def test_a_missing_component_names_itself_and_the_folder(

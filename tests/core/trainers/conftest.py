@@ -11,6 +11,8 @@ import pytest
 import torch
 from pipeline_families import PIPELINE_FAMILIES
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
+from tiny_flux2_pipeline import RESOLUTION as FLUX2_RESOLUTION
+from tiny_flux2_pipeline import load_flux2_adapter, load_flux2_klein_adapter
 from tiny_qwen_image_edit_pipeline import RESOLUTION as QWEN_IMAGE_EDIT_RESOLUTION
 from tiny_qwen_image_edit_pipeline import seeded_edit_states
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
@@ -160,6 +162,24 @@ def z_image_data_dirs(tmp_path_factory: pytest.TempPathFactory, z_image_pipeline
     encode = load_z_image_adapter(z_image_pipeline_dir).encode_conditions
     shape = (3, Z_IMAGE_RESOLUTION, Z_IMAGE_RESOLUTION)
     return write_stage_data(tmp_path_factory.mktemp("z-image-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def flux2_data_dirs(tmp_path_factory: pytest.TempPathFactory, flux2_pipeline_dir: Path) -> tuple[Path, Path]:
+    """The demonstrations as RGB images at the tiny FLUX.2 resolution, their prompts encoded by the dev adapter."""
+    encode = load_flux2_adapter(flux2_pipeline_dir).encode_conditions
+    shape = (3, FLUX2_RESOLUTION, FLUX2_RESOLUTION)
+    return write_stage_data(tmp_path_factory.mktemp("flux2-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def flux2_klein_data_dirs(
+    tmp_path_factory: pytest.TempPathFactory, flux2_klein_pipeline_dir: Path
+) -> tuple[Path, Path]:
+    """The demonstrations as RGB images at the tiny FLUX.2 resolution, their prompts encoded by the klein adapter."""
+    encode = load_flux2_klein_adapter(flux2_klein_pipeline_dir).encode_conditions
+    shape = (3, FLUX2_RESOLUTION, FLUX2_RESOLUTION)
+    return write_stage_data(tmp_path_factory.mktemp("flux2-klein-data"), image_shape=shape, encode=encode)
 
 
 @pytest.fixture
