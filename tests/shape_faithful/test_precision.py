@@ -70,6 +70,9 @@ FULL_OPTIONS = {EXPERTS: {"experts": "high"}}  # one 5120-wide expert in fp32 wi
 # FLUX.2-dev's one-block transformer holds 2.2 B parameters: fp32 weights, gradients and AdamW moments would
 # take 35 GB, past what this tier runs on
 FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint != "flux2-dev"]
+# and its LoRA GRPO stage needs about 10 GB and longer than this whole tier's budget on a 2-core CPU: the dev
+# folder is checked by the stock pipeline, the adapter's load and the SDE grid; klein carries the family's rows
+LORA_TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint != "flux2-dev"]
 LR = 1e-5
 
 
@@ -140,7 +143,7 @@ def test_every_sde_step_of_the_default_grid_is_bounded(checkpoint: str, shape_fo
     assert sde_step_problems(sigmas, SamplingConfig(steps=steps), needs_noise=True) == []
 
 
-@pytest.mark.parametrize("prepared", list(CHECKPOINTS), indirect=True)
+@pytest.mark.parametrize("prepared", LORA_TRAINED, indirect=True)
 def test_lora_grpo_in_bf16_replays_exactly_moves_fp32_adapters_and_exports(prepared: dict[str, Any]) -> None:
     family, folder, root = prepared["family"], prepared["folder"], prepared["root"]
     stage = {
