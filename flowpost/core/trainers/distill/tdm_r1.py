@@ -46,6 +46,15 @@ class TDMR1Arguments(TDMArguments):
         1.0, ge=0, description="w of the target p_teacher (p_surrogate / p_teacher)^w; 0: TDM's generator updates"
     )
     beta_dpo: float = Field(2000.0, gt=0, description="scale of the group logit beta_dpo / G sum_j A_j (e_j - e_ref_j)")
+    surrogate_kl: float = Field(
+        0.0, ge=0, description="weight of <(x0_surrogate - x0_reference)^2> in the surrogate's loss"
+    )
+    clip_range: float | None = Field(
+        None,
+        gt=0,
+        description="detach errors whose ratio exp(e_ref - e) to the reference's left [1 - eps, 1 + eps] in the "
+        "direction the advantage pushes (DGPO's clip, against the reference); null: off",
+    )
     dynamic_reference: bool = Field(
         True, description="the preference reference is a fast EMA of the surrogate (false: its start weights)"
     )
@@ -153,10 +162,12 @@ class TDMR1Trainer(TDMTrainer):
         sigma, sigma_next = sigmas[step].to(device, x.dtype), sigmas[step + 1].to(device, x.dtype)
         state = self.adapter.prepare_condition_state(batch.conditions.to(device))
         x0, sigma_t, x_t, _ = self.step_sample(x, sigma, sigma_next, state, draws)
-        reference = x0_errors(self.surrogate_x0(x_t, sigma_t, state, reference=True), x0)  # swaps: before the graph
-        errors = x0_errors(self.surrogate_x0(x_t, sigma_t, state), x0)
+        reference_x0 = self.surrogate_x0(x_t, sigma_t, state, reference=True)  # swaps weights: before the graph
+        surrogate_x0 = self.surrogate_x0(x_t, sigma_t, state)
+        errors, reference = x0_errors(surrogate_x0, x0), x0_errors(reference_x0, x0)
         distinct, groups = torch.unique(batch.group_ids, return_inverse=True)  # host data: no sync
-        loss, _, weights = group_preference_loss(
+        clip = self.args.clip_range
+        loss, clipped, weights = group_preference_loss(
             errors,
             reference,
             batch.advantages.to(device, torch.float32),
@@ -164,9 +175,20 @@ class TDMR1Trainer(TDMTrainer):
             len(distinct),
             beta=self.args.beta_dpo,
             group_size=self.args.group_size,
+            old_errors=None if clip is None else reference,
+            clip_range=clip or 0.0,
         )
-        yield loss * scale
-        return {"loss": loss.detach(), "x0_error": errors.detach().mean(), "group_weight": weights.mean()}
+        kl = x0_errors(surrogate_x0, reference_x0).mean()
+        total = loss + self.args.surrogate_kl * kl
+        yield total * scale
+        return {
+            "loss": total.detach(),
+            "preference_loss": loss.detach(),
+            "kl": kl.detach(),
+            "x0_error": errors.detach().mean(),
+            "group_weight": weights.mean(),
+            "clip_fraction": clipped.float().mean(),
+        }
 
     def step_role(self, role: str, metrics: Metrics) -> dict[str, float]:
         """The role's update; after the surrogate's, the dynamic reference's EMA move ``ref <- d ref + (1 - d)
