@@ -21,11 +21,11 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionState
 from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract
 from flowpost.core.snapshots import Snapshot
-from flowpost.core.trainers.distill.distribution_matching import x0_from_velocity
+from flowpost.core.trainers.distill.distribution_matching import renoise_between, x0_from_velocity
 from flowpost.core.trainers.distill.draws import UpdateDraws, rows_at
 from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR, ScorePair
 from flowpost.core.trainers.distill.student_states import student_states
-from flowpost.core.trainers.distill.tdm import TDMArguments, TDMTrainer
+from flowpost.core.trainers.distill.tdm import INSIDE, TDMArguments, TDMTrainer
 from flowpost.core.trainers.objective import Metrics, Objective
 from flowpost.core.trainers.rl.dgpo import group_preference_loss, old_decay
 from flowpost.core.trainers.rl.rollout import Rollout
@@ -150,18 +150,20 @@ class TDMR1Trainer(TDMTrainer):
         return UpdateDraws(self.spec.seed, self.stage, self.progress.rollout_iteration, grouped, f"surrogate-{tag}")
 
     def surrogate_loss(self, batch: Rollout, scale: float, tag: str) -> Objective:
-        """DGPO's group preference loss of the surrogate's x0 errors (against the reference's) at one re-noised
-        state of each group's trajectories (a step, sigma and noise shared within the group), fitting the
-        current generator's x0 there."""
+        """DGPO's group preference loss of the surrogate's x0 errors (against the reference's) at one state of
+        each group's trajectories: the state a step reached, re-noised inside the step as TDM does (a step,
+        sigma and noise shared within the group), with the trajectory's final sample, whose reward it is, as
+        the target."""
         assert batch.advantages is not None
         device = self.accelerator.device
         draws = self.group_draws(batch, tag)
         states, sigmas = student_states(batch, where=f"stages.{self.stage}.sampling")
-        step = draws.index("step", states.shape[1])
-        x = rows_at(states, step).to(device)
-        sigma, sigma_next = sigmas[step].to(device, x.dtype), sigmas[step + 1].to(device, x.dtype)
+        step = draws.index("step", states.shape[1] - 1)
+        x_next, x0 = rows_at(states, step + 1).to(device), states[:, -1].to(device)
+        sigma, sigma_next = sigmas[step].to(device, x0.dtype), sigmas[step + 1].to(device, x0.dtype)
+        sigma_t = sigma_next + (sigma - sigma_next) * (INSIDE + (1 - 2 * INSIDE) * draws.uniform("sigma", x0))
+        x_t = renoise_between(x_next, sigma_next, sigma_t, draws.normal("zeta", x0))
         state = self.adapter.prepare_condition_state(batch.conditions.to(device))
-        x0, sigma_t, x_t, _ = self.step_sample(x, sigma, sigma_next, state, draws)
         reference_x0 = self.surrogate_x0(x_t, sigma_t, state, reference=True)  # swaps weights: before the graph
         surrogate_x0 = self.surrogate_x0(x_t, sigma_t, state)
         errors, reference = x0_errors(surrogate_x0, x0), x0_errors(reference_x0, x0)
