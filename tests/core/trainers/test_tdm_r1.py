@@ -59,8 +59,11 @@ def test_the_generator_gradient_is_the_tilted_score_difference_by_hand():
     torch.testing.assert_close(live.grad, (fake - real - weight * (surrogate - reference)) / (16 * scale))
 
 
-def test_a_tdm_r1_stage_updates_each_role_in_its_turn(make_trainer, tmp_path):
-    trainer = _tdm_r1(make_trainer, tmp_path, iterations=1, beta_dpo=100.0)
+@pytest.mark.parametrize(
+    "brakes", [{}, {"dynamic_reference": False, "surrogate_kl": 1.0, "clip_range": 0.05}], ids=["ema-ref", "start-ref"]
+)
+def test_a_tdm_r1_stage_updates_each_role_in_its_turn(make_trainer, tmp_path, brakes):
+    trainer = _tdm_r1(make_trainer, tmp_path, iterations=1, beta_dpo=100.0, **brakes)
     networks = {role: trainer.adapter.variants.module(role) for role in ROLES}
     order: list[tuple[str, tuple[bool, ...]]] = []
     step_role = trainer.step_role
@@ -82,6 +85,9 @@ def test_a_tdm_r1_stage_updates_each_role_in_its_turn(make_trainer, tmp_path):
         (GENERATOR, (True, False, False)),
         (SURROGATE, (False, False, True)),
     ]
+    if brakes:  # the reference is the teacher snapshot, swapped into the surrogate's network
+        assert Snapshot.REFERENCE not in trainer.adapter.snapshots
+        return
     reference = trainer.adapter.snapshots.state_dict(Snapshot.REFERENCE)
     surrogate = dict(networks[SURROGATE].named_parameters())
     assert all(torch.equal(reference[k], surrogate[k].detach()) for k in reference)  # decay 0 at update 0
