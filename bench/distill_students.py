@@ -54,7 +54,7 @@ def student_data(pipeline: PipelineConfig, stage: str, folders: dict[str, Path],
     """The folder the stage trains on: the digits data, or its teacher trajectories sampled into ``out``."""
     data = pipeline.stages[stage].data
     assert data is not None  # every distillation example names its data
-    trajectories = pipeline.datasets[data.dataset].trajectories
+    trajectories = getattr(pipeline.datasets[data.dataset], "trajectories", None)  # only sampled datasets have it
     if trajectories is None:
         return folders["acquire.digits"]
     cond = folders["conditions.minilm"]

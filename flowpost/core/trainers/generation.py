@@ -132,11 +132,13 @@ class GenerationTrainer(BaseTrainer):
 
         ``objectives[role](micro_batch, scale, tag)`` yields the parts of that role's mean loss times
         ``scale`` and returns its metrics; ``tag`` (``"<micro-batch>-<update>"``) addresses the update's
-        noise. A rank without rows in a micro-batch still takes part in every step. Returns the last
-        metrics of each role.
+        noise. Micro-batches hold whole groups when ``whole_groups`` is set. A rank without rows in a
+        micro-batch still takes part in every step. Returns the last metrics of each role.
         """
         metrics: dict[str, float] = {}
-        for number, batch in enumerate(self.rollouts.micro_batches(len(samples), self.progress.rollout_iteration, 0)):
+        block = self.args.group_size if self.whole_groups else 1
+        iteration = self.progress.rollout_iteration
+        for number, batch in enumerate(self.rollouts.micro_batches(len(samples), iteration, 0, block=block)):
             part = samples.select(batch.rows) if batch.rows else None
             for update, role in enumerate(plan.round()):
                 tag = f"{number}-{update}"

@@ -26,6 +26,7 @@ TRAINERS: dict[str, str] = {
     "dgpo": "flowpost.core.trainers.rl.dgpo:DGPOTrainer",
     "dmd2": "flowpost.core.trainers.distill.dmd2:DMD2Trainer",
     "tdm": "flowpost.core.trainers.distill.tdm:TDMTrainer",
+    "tdm-r1": "flowpost.core.trainers.distill.tdm_r1:TDMR1Trainer",
     "consistency": "flowpost.core.trainers.distill.consistency:ConsistencyTrainer",
     "diffusion-opd": "flowpost.core.trainers.distill.opd:OPDTrainer",
     "kd": "flowpost.core.trainers.distill.kd:KDTrainer",

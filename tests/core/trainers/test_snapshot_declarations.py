@@ -13,6 +13,7 @@ from flowpost.core.config.schema import StageConfig
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
+from flowpost.core.trainers.distill.tdm_r1 import SURROGATE
 from flowpost.core.trainers.offline.sft import SFTTrainer
 from flowpost.core.trainers.registry import TRAINERS, trainer_class
 from flowpost.errors import FlowpostError
@@ -38,6 +39,11 @@ BUILD: dict[str, dict[str, Any]] = {  # what make_trainer needs to build each re
     "dgpo": {"rewards": JPEG, "sampling": {"dynamics": "ode", "steps": 4}, "train_timesteps": 2},
     "dmd2": TWO_ROLES,
     "tdm": TWO_ROLES,
+    "tdm-r1": {
+        "rewards": JPEG,
+        "sampling": TWO_ROLES["sampling"],
+        "optimizers": {**TWO_ROLES["optimizers"], SURROGATE: {"lr": 1e-3}},
+    },
     "consistency": {"init_from": INIT, "target_weights": "live"},
     "diffusion-opd": {"init_from": INIT},
     "kd": {"dirs": "trajectories"},

@@ -78,6 +78,11 @@ class TDMTrainer(DMD2Trainer):
         error = (self.scores.fake_x0(x_t, sigma_t, state).float() - x0.float()).pow(2).flatten(1).mean(1)
         return (weights.float() * error).mean()
 
+    def target_x0(self, x_t: Tensor, sigma_t: Tensor, state: ConditionState, negative: ConditionState | None) -> Tensor:
+        """The x0 prediction of the distribution the generator is matched to at ``(x_t, sigma_t)``: the teacher's
+        (the real score, with its guidance)."""
+        return self.scores.real_x0(x_t, sigma_t, state, negative)
+
     def generator_objectives(self, batch: Rollout, tag: str) -> Iterator[Tensor]:
         """Each of the K steps' distribution-matching loss, divided by K (backpropagated one by one)."""
         device = self.accelerator.device
@@ -92,7 +97,7 @@ class TDMTrainer(DMD2Trainer):
             sigma_next = sigmas[k + 1].to(device, x.dtype).expand(len(batch))
             _, sigma_t, x_t, _ = self.step_sample(x, sigma, sigma_next, state, draws)
             with torch.no_grad():  # before the live forward: the teacher swaps into the generator's weights
-                real = self.scores.real_x0(x_t, sigma_t, state, negative)
+                real = self.target_x0(x_t, sigma_t, state, negative)
                 fake = self.scores.fake_x0(x_t, sigma_t, state)
             x0_live = x0_from_velocity(x, sigma, self.adapter.velocity(x, sigma, state))
             yield tdm_generator_loss(x0_live, real, fake, huber_c=self.args.huber_c).mean() / steps
