@@ -40,6 +40,9 @@ class CRDArguments(OnlineArguments):
 
     paradigm: ClassVar[Paradigm] = Paradigm.DECOUPLED
 
+    advantage_std: Literal["group", "global"] = Field(
+        "global", description="divide the group-centred rewards by the std of the whole iteration (global) or group"
+    )
     beta: float = Field(1.0, gt=0, description="scale of the implicit reward regressed onto the centred reward")
     loss_type: Literal["mse", "bce"] = Field(
         "mse", description="mse: (beta q_c - r_c)^2; bce: cross-entropy of sigmoid(beta q_c) to sigmoid(r_c)"
