@@ -1,6 +1,6 @@
 """Judge adherence against rollout iterations and wall-clock for online trainers from one SFT export.
 
-    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm mixgrpo dgpo branchgrpo]
+    python bench/rl_efficiency.py [--workspace bench-ws] [--methods grpo nft awm mixgrpo dgpo branchgrpo crd]
         [--seeds 0 1 2]
 
 The default digits pipeline provides the data, the condition cache and the SFT stage (seed 0, run
@@ -134,7 +134,7 @@ def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], base: dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
-    parser.add_argument("--methods", nargs="+", default=["grpo", "nft", "awm", "mixgrpo", "dgpo", "branchgrpo"])
+    parser.add_argument("--methods", nargs="+", default=["grpo", "nft", "awm", "mixgrpo", "dgpo", "branchgrpo", "crd"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--every", type=int, default=5, help="checkpoint (and score) every N iterations")
     parser.add_argument("--samples", type=int, default=500, help="evaluation samples per checkpoint")

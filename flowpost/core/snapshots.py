@@ -15,6 +15,7 @@ class Snapshot(StrEnum):
     EMA = "ema"  # the EMA callback's average of the trainable weights
     OLD = "old"  # NFT's old policy, moved towards the live one once per iteration; DGPO's, once per step
     ANCHOR = "anchor"  # AWM's lagged EMA anchor
+    SAMPLER = "sampler"  # CRD's rollout weights, a slower EMA of the live ones than its old copy
 
 
 SNAPSHOT_NAMES: frozenset[str] = frozenset(Snapshot)  # for membership tests on plain strings (role names)

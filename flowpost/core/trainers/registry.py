@@ -24,6 +24,7 @@ TRAINERS: dict[str, str] = {
     "awm": "flowpost.core.trainers.rl.awm:AWMTrainer",
     "nft": "flowpost.core.trainers.rl.nft:NFTTrainer",
     "dgpo": "flowpost.core.trainers.rl.dgpo:DGPOTrainer",
+    "crd": "flowpost.core.trainers.rl.crd:CRDTrainer",
     "dmd2": "flowpost.core.trainers.distill.dmd2:DMD2Trainer",
     "tdm": "flowpost.core.trainers.distill.tdm:TDMTrainer",
     "tdm-r1": "flowpost.core.trainers.distill.tdm_r1:TDMR1Trainer",

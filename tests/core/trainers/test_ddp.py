@@ -176,9 +176,10 @@ def _two_processes_match_one(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["grpo-guard", "dppo", "mixgrpo", "nft", "awm", "online-dpo", "dgpo"])
+@pytest.mark.parametrize("trainer", ["grpo-guard", "dppo", "mixgrpo", "nft", "awm", "online-dpo", "dgpo", "crd"])
 def test_ddp_every_online_trainer_matches_one_process(tmp_path, data_dirs, fresh_weights, trainer) -> None:
-    train = {**GRPO, "train_timesteps": 2} if trainer in ("awm", "dgpo") else GRPO  # 4 sampling steps allow 2
+    timesteps = ("awm", "dgpo", "crd")
+    train = {**GRPO, "train_timesteps": 2} if trainer in timesteps else GRPO  # 4 sampling steps allow 2
     train = {**train, "shift_interval": 1} if trainer == "mixgrpo" else train  # its window moves every iteration
     sampling = {"steps": 4, "window": 2} if trainer == "mixgrpo" else {"steps": 4}
     sampling = {**sampling, "dynamics": "ode"} if trainer == "dgpo" else sampling  # dgpo samples with the ODE

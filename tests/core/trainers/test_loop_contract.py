@@ -22,6 +22,7 @@ from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
 from flowpost.core.trainers.objective import to_host
 from flowpost.core.trainers.offline.sft import SFTTrainer
 from flowpost.core.trainers.rl.awm import AWMTrainer
+from flowpost.core.trainers.rl.crd import CRDTrainer
 from flowpost.core.trainers.rl.dgpo import DGPOTrainer
 from flowpost.core.trainers.rl.grpo import GRPOTrainer
 from flowpost.core.trainers.rl.nft import NFTTrainer
@@ -51,6 +52,11 @@ GENERATION = {
             "gradient_accumulation_steps": 1,
             "sampling": {"dynamics": "ode", "steps": 4},
         },
+    },
+    "crd": {
+        "cls": CRDTrainer,
+        "train_timesteps": 2,
+        **{**GROUPS, "train_batch_size": 4, "gradient_accumulation_steps": 1, "sampling": {"steps": 4}},
     },
     "online-dpo": {
         "cls": OnlineDPOTrainer,

@@ -37,6 +37,7 @@ BUILD: dict[str, dict[str, Any]] = {  # what make_trainer needs to build each re
     "awm": {"rewards": JPEG},
     "nft": {"rewards": JPEG},
     "dgpo": {"rewards": JPEG, "sampling": {"dynamics": "ode", "steps": 4}, "train_timesteps": 2},
+    "crd": {"rewards": JPEG, "sampling": {"steps": 4}, "train_timesteps": 2},
     "dmd2": TWO_ROLES,
     "tdm": TWO_ROLES,
     "tdm-r1": {
