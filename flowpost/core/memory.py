@@ -14,8 +14,11 @@ first blocks). LoRA adds each adapted layer's rank-wide
 intermediate per token (what its up-projection keeps for backward), so it grows with the rank: the ranks
 summed over the layers, taken as ``trainable / (2 * hidden)`` (each layer about ``hidden`` wide on both
 sides), over every token (a layer of one stream of a dual-stream block sees fewer: an upper bound).
-The VAE (``codec``) is held whole, in fp32, by every process that encodes or decodes. Workspace, fragmentation,
-the CUDA context, the VAE's own activations and the reward model come on top.
+The VAE (``codec``) is held whole, in fp32, by every process that encodes or decodes; a stage that encodes its
+media each step also needs the encoder's activations (``codec_activations``: the most bytes its encode of one
+micro-batch holds at once, traced on the meta device), which come and go before the transformer's forward, so the
+peak takes the larger of the two activation parts. Workspace, fragmentation, the CUDA context, the decoder's
+activations and the reward model come on top.
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ class MemoryEstimate:
     snapshots: float
     activations: float
     codec: float = 0.0
+    codec_activations: float = 0.0  # the VAE encode's, freed before the transformer's forward
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.snapshots + self.activations + self.codec
+        held = self.weights + self.gradients + self.optimizer + self.snapshots + self.codec
+        return held + max(self.activations, self.codec_activations)
 
 
 def estimate_memory(
@@ -60,11 +65,13 @@ def estimate_memory(
     lora: bool = False,
     eight_bit_roles: int = 0,
     codec_bytes: float = 0.0,
+    codec_activation_bytes: float = 0.0,
 ) -> MemoryEstimate:
     """Per-GPU bytes for ``roles`` trainable copies (LoRA: adapters on one shared base) and ``snapshots``,
     training ``micro_batch`` samples per GPU of ``image_tokens + text_tokens`` tokens; ``lora``: the trainable
     parameters are adapters, whose intermediates grow with their rank; ``eight_bit_roles`` of the roles step
-    ``adamw8bit``; ``codec_bytes``: the VAE the stage holds (not sharded)."""
+    ``adamw8bit``; ``codec_bytes``: the VAE the stage holds (not sharded); ``codec_activation_bytes``: its encode
+    of one micro-batch."""
     frozen = footprint.weight_bytes - footprint.trainable_bytes
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
@@ -83,6 +90,7 @@ def estimate_memory(
         snapshots=snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE * weight_share,
         activations=micro_batch * per_sample,
         codec=codec_bytes,
+        codec_activations=codec_activation_bytes,
     )
 
 

@@ -15,6 +15,7 @@ from flowpost.core.config.schema.models import ModelConfig
 from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.config.schema.stages import StageConfig
 from flowpost.core.contracts import Acquisition
+from flowpost.core.live_bytes import FusedAttention, LiveBytes
 from flowpost.core.memory import GIB, MemoryEstimate, estimate_memory
 from flowpost.core.models.footprint import ModelFootprint, model_footprint
 from flowpost.core.models.pipeline_family import PipelineFamily
@@ -83,6 +84,7 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
         activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
         lora=stage.model.lora is not None,
         codec_bytes=codec_bytes(stage, model),
+        codec_activation_bytes=encode_bytes(stage, model, footprint),
     )
 
 
@@ -90,24 +92,47 @@ def codec_bytes(stage: StageConfig, model: ModelConfig) -> int:
     """The VAE the stage holds, in fp32, sized from its config on the meta device: every stage that encodes
     media or decodes samples (rewards, validation grids) holds it; none for one that reads a latent cache and
     never decodes, or whose VAE config is not a local file (a hub id is not fetched)."""
+    codec = stage_codec(stage, model)
+    return 0 if codec is None else 4 * sum(parameter.numel() for parameter in codec.parameters())
+
+
+def encode_bytes(stage: StageConfig, model: ModelConfig, footprint: ModelFootprint) -> int:
+    """The most bytes the VAE's encode of one micro-batch holds at once (fp32 activations; a causal video VAE's
+    feature cache; its attention as a fused kernel holds it), traced on the meta device at the stage's pixels.
+    A stage that encodes its media each step (no latent cache) needs it; one that reads latents, or generates,
+    encodes nothing."""
+    if trainer_class(stage.trainer).acquisition is Acquisition.GENERATION or not footprint.pixels:
+        return 0
+    if stage.data is None or stage.data.latents:
+        return 0
+    codec = stage_codec(stage, model)
+    if codec is None:
+        return 0
+    pixels = torch.empty((micro_batch_per_gpu(stage), *footprint.pixels), device="meta")
+    with torch.no_grad(), FusedAttention(), LiveBytes() as live:
+        codec.encode(pixels).latent_dist.mode()
+    return live.peak
+
+
+def stage_codec(stage: StageConfig, model: ModelConfig) -> torch.nn.Module | None:
+    """The stage's VAE in fp32 on the meta device, or None where it holds none (see ``codec_bytes``)."""
     generates = trainer_class(stage.trainer).acquisition is Acquisition.GENERATION
     decodes = generates or stage.callbacks.validation is not None
     if not decodes and stage.data is not None and stage.data.latents:
-        return 0
+        return None
     if model.pretrained is None or is_hub_id(model.pretrained):
-        return 0
+        return None
     config_file = Path((model.components or {}).get("vae") or Path(model.pretrained) / "vae") / "config.json"
     if not config_file.is_file():
-        return 0
+        return None
     import diffusers
 
     config = json.loads(config_file.read_text())
     codec_class = getattr(diffusers, str(config.get("_class_name")), None)
     if codec_class is None:
-        return 0
+        return None
     with torch.device("meta"):
-        codec = codec_class.from_config(config)
-    return 4 * sum(parameter.numel() for parameter in codec.parameters())
+        return codec_class.from_config(config).float().eval()
 
 
 def eight_bit_roles(stage: StageConfig) -> int:
@@ -188,7 +213,7 @@ def over_budget(rows: list[StageMemory], gpu_memory: float | None) -> list[str]:
 
 COLUMNS = (
     *("stage", "family", "fine-tune", "GPUs", "trainable"),
-    *("weights", "grads", "optimizer", "snapshots", "activations", "VAE", "total"),
+    *("weights", "grads", "optimizer", "snapshots", "activations", "VAE", "VAE encode", "total"),
 )
 
 
@@ -198,7 +223,7 @@ def cells(row: StageMemory) -> list[str]:
     if row.estimate is None or row.footprint is None:
         return [*head, row.note, *[""] * (len(COLUMNS) - len(head) - 1)]
     e = row.estimate
-    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.total)
+    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.codec_activations, e.total)
     return [*head, params_text(row.footprint.trainable), *(f"{part / GIB:.1f}" for part in parts)]
 
 

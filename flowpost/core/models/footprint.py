@@ -26,6 +26,7 @@ class ModelFootprint:
     hidden: int  # attention heads x head width
     image_tokens: int  # latent tokens of one sample (frames included)
     checkpointed: int  # gradient checkpointing: the blocks whose activations are recomputed in backward
+    pixels: tuple[int, ...] = ()  # one sample's pixels as its VAE encodes them; () without a VAE
 
 
 def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
@@ -43,6 +44,7 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
         hidden=attention_width(config),
         image_tokens=image_tokens(adapter),
         checkpointed=checkpointed_blocks(network),
+        pixels=tuple(getattr(adapter, "pixel_shape", ())),
     )
 
 

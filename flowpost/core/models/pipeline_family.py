@@ -246,6 +246,11 @@ class PipelineFamily(TransformerAdapter):
         source = dataclasses.replace(self.source, torch_dtype="float32")
         return source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
 
+    @property
+    def pixel_shape(self) -> tuple[int, ...]:
+        """One sample's pixels as its VAE encodes them: ``[3, H, W]`` (a video VAE's: ``[3, T, H, W]``)."""
+        return (3, self.resolution, self.resolution)
+
     def vae_on(self, device: torch.device) -> torch.nn.Module:
         """The VAE on ``device``, moved only when it is elsewhere (``Module.to`` walks every module, each step)."""
         vae = self.vae

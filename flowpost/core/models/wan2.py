@@ -197,6 +197,10 @@ class Wan2Adapter(PipelineFamily):
         std = torch.tensor(config.latents_std, device=like.device, dtype=like.dtype).view(shape)
         return mean, std
 
+    @property
+    def pixel_shape(self) -> tuple[int, ...]:
+        return (3, self.num_frames, self.height, self.width)
+
     def encode_output_state(self, media: Tensor) -> Tensor:
         """Videos ``[B, 3, T, H, W]`` in [0, 1] to latents: the posterior's mean, ``(z - mean) / std``."""
         vae = self.vae_on(media.device)
