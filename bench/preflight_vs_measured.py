@@ -5,14 +5,17 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
                                           [--variants lora full ...] [--resolution 128] [--steps 2]
 
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
-kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process:
-its resident memory is read after the imports (the baseline), the stage is built (its transformer and VAE
-loaded), the process's peak is reset (``/proc/self/clear_refs``), the stage runs ``--steps`` optimizer
-steps, and the measured figure is the peak above the baseline at the end of the last step (the stage's
-checkpoint and final weights, written after it, are left out: on a GPU they are written from host memory).
-The estimate is ``flowpost/tasks/preflight``'s for the stage's config, on one process. Torch's CPU allocator
-keeps no peak statistics, so the process's peak resident set stands in for it: allocator caching, the Python
-heap and library buffers count there, not in the estimate. Goal: the measurement within +-25 % of the estimate. Writes
+kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process. The
+process first computes the preflight's estimate for the stage's config on one process (which imports the
+family's classes), then reads its anonymous resident memory (the baseline), builds the stage (transformer and
+VAE loaded) and runs ``--steps`` optimizer steps. Torch's CPU allocator keeps no statistics, so the resident set
+stands in for them, made to follow live tensors: glibc returns every freed block over 64 KiB at once
+(``MALLOC_MMAP_THRESHOLD_``, no allocator caching); file-backed pages (library code) are left out; weights that
+the loader mapped from ``.safetensors`` files count whole, as a GPU holds them. Each step's peak resident set is
+reset at the end of the previous step (``/proc/self/clear_refs``); the measured figure is the largest step peak
+above the baseline (the checkpoint and final weights, written after the last step, are left out: on a GPU they
+are written from host memory). The Python heap and library buffers the steps allocate still count there, not in
+the estimate. Goal: the measurement within +-25 % of the estimate. Writes
 ``WORKSPACE/preflight_vs_measured.json``.
 """
 
