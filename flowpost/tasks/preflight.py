@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,18 +59,25 @@ def stage_memory(config: PipelineConfig) -> list[StageMemory]:
         fine_tune += ", adamw8bit" if eight_bit_roles(stage) else ""
         world = stage.launch.num_processes
         try:
-            footprint = stage_footprint(stage, model)
+            adapter = stage_adapter(stage, model)
         except (FlowpostError, AttributeError, KeyError, TypeError, ValueError) as error:  # a plan still prints
             rows.append(StageMemory(name, model.family, fine_tune, world, note=f"not estimated: {error}"))
             continue
-        rows.append(
-            StageMemory(name, model.family, fine_tune, world, footprint, stage_estimate(config, name, footprint))
-        )
+        footprint = model_footprint(adapter)
+        estimate = stage_estimate(config, name, footprint, prepare_vae=adapter.prepare_vae)
+        rows.append(StageMemory(name, model.family, fine_tune, world, footprint, estimate))
     return rows
 
 
-def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint) -> MemoryEstimate:
-    """Stage ``name``'s memory per GPU for a network of ``footprint``: its layout, roles, snapshots and batch."""
+def stage_estimate(
+    config: PipelineConfig,
+    name: str,
+    footprint: ModelFootprint,
+    *,
+    prepare_vae: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+) -> MemoryEstimate:
+    """Stage ``name``'s memory per GPU for a network of ``footprint``: its layout, roles, snapshots and batch;
+    ``prepare_vae``: the family's VAE set-up (slicing), for the encode's trace."""
     stage = config.stages[name]
     model = base_model(config, name) or stage.model
     return estimate_memory(
@@ -84,7 +92,7 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
         activation_itemsize=2 if stage.launch.mixed_precision == "bf16" or model.torch_dtype in HALF else 4,
         lora=stage.model.lora is not None,
         codec_bytes=codec_bytes(stage, model),
-        codec_activation_bytes=encode_bytes(stage, model, footprint),
+        codec_activation_bytes=encode_bytes(stage, model, footprint, prepare_vae),
     )
 
 
@@ -96,7 +104,12 @@ def codec_bytes(stage: StageConfig, model: ModelConfig) -> int:
     return 0 if codec is None else 4 * sum(parameter.numel() for parameter in codec.parameters())
 
 
-def encode_bytes(stage: StageConfig, model: ModelConfig, footprint: ModelFootprint) -> int:
+def encode_bytes(
+    stage: StageConfig,
+    model: ModelConfig,
+    footprint: ModelFootprint,
+    prepare_vae: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+) -> int:
     """The most bytes the VAE's encode of one micro-batch holds at once (fp32 activations; a causal video VAE's
     feature cache; its attention as a fused kernel holds it), traced on the meta device at the stage's pixels.
     A stage that encodes its media each step (no latent cache) needs it; one that reads latents, or generates,
@@ -108,6 +121,7 @@ def encode_bytes(stage: StageConfig, model: ModelConfig, footprint: ModelFootpri
     codec = stage_codec(stage, model)
     if codec is None:
         return 0
+    codec = prepare_vae(codec) if prepare_vae is not None else codec
     pixels = torch.empty((micro_batch_per_gpu(stage), *footprint.pixels), device="meta")
     with torch.no_grad(), FusedAttention(), LiveBytes() as live:
         codec.encode(pixels).latent_dist.mode()
@@ -148,9 +162,9 @@ def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:
     return model if model is not None and model.pretrained is not None else None
 
 
-def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
-    """The stage's network sized without weights: its family on a meta-device transformer, with its quantized
-    base and its LoRA."""
+def stage_adapter(stage: StageConfig, model: ModelConfig) -> PipelineFamily:
+    """The stage's network without weights: its family on a meta-device transformer, with its quantized base
+    and its LoRA, trainable parameters in fp32."""
     cls = adapter_class(model.family, where="model.family")
     if not issubclass(cls, PipelineFamily):
         raise FlowpostError(f"family {model.family!r} is not loaded from a diffusers pipeline", where="model.family")
@@ -165,7 +179,7 @@ def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
         with torch.device("meta"):
             adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
     upcast_trainable(adapter.trainable_network())  # as the trainer keeps them: fp32 over a half-precision base
-    return model_footprint(adapter)
+    return adapter
 
 
 def stage_snapshots(stage: StageConfig) -> frozenset[Snapshot]:

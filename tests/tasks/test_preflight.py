@@ -71,13 +71,13 @@ def test_the_estimates_parameter_part_is_the_loaded_models(
     )
 
 
-@pytest.mark.parametrize(("family", "fixture"), [("sd3", "sd3"), ("qwen-image", "qwen_image")])
+@pytest.mark.parametrize(("family", "fixture"), [("sd3", "sd3"), ("qwen-image", "qwen_image"), ("wan2", "wan2")])
 def test_the_vae_encode_is_sized_as_the_loaded_vae_encodes_the_stages_batch(
     tiny_pipeline, family: str, fixture: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """The meta-device trace of the encode holds what the loaded VAE's encode of a micro-batch of the family's
-    pixels holds on real tensors (an image VAE, an image through a video VAE), attention sized as a fused kernel
-    in both; a stage reading a latent cache encodes nothing."""
+    pixels holds on real tensors (an image VAE, an image through a video VAE, videos one at a time), attention
+    sized as a fused kernel in both; a stage reading a latent cache encodes nothing."""
     folder = request.getfixturevalue(f"{fixture}_pipeline_dir")
     model = {"family": family, "pretrained": str(folder), "options": OPTIONS[family]}
     config = validate_pipeline(_config(tiny_pipeline, model))

@@ -180,10 +180,8 @@ class Wan2Adapter(PipelineFamily):
         """Every cached position: the transformer reads the zero-padded states whole, as the stock pipeline."""
         return MaskedTextState(batch.token_states, batch.token_mask.bool())
 
-    @cached_property
-    def vae(self) -> torch.nn.Module:
-        """The pipeline's VAE, decoding one video at a time (and in spatial tiles with ``vae_tiling``)."""
-        vae = super().vae
+    def prepare_vae(self, vae: torch.nn.Module) -> torch.nn.Module:
+        """The pipeline's VAE, coding one video at a time (and in spatial tiles with ``vae_tiling``)."""
         vae.enable_slicing()
         if self.vae_tiling:
             vae.enable_tiling()
