@@ -7,8 +7,9 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
 kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process. The
 process first computes the preflight's estimate for the stage's config on one process (which imports the
-family's classes), then reads its anonymous resident memory (the baseline), builds the stage (transformer and
-VAE loaded) and runs ``--steps`` optimizer steps. Torch's CPU allocator keeps no statistics, so the resident set
+family's classes), then reads its anonymous resident memory (the baseline), builds the stage, loads its VAE
+(else the first encode loads it, its bf16 copy in that step's peak: host memory on a GPU) and runs ``--steps``
+optimizer steps. Torch's CPU allocator keeps no statistics, so the resident set
 stands in for them, made to follow live tensors: glibc returns every freed block over 64 KiB at once
 (``MALLOC_MMAP_THRESHOLD_``, no allocator caching); file-backed pages (library code) are left out; weights that
 the loader mapped from ``.safetensors`` files count whole, as a GPU holds them. Each step's peak resident set is
@@ -153,6 +154,7 @@ def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: i
     gc.collect()
     baseline = anonymous()
     trainer = build_trainer(spec)
+    trainer.adapter.vae_on(trainer.accelerator.device)  # else loaded by the first encode, its bf16 copy in the peak
     loaded = anonymous() + mapped_files(".safetensors") - baseline
     recorder = StepPeak()
     trainer.callbacks.callbacks["step_peak"] = recorder
