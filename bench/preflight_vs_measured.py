@@ -5,14 +5,18 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
                                           [--variants lora full ...] [--resolution 128] [--steps 2]
 
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
-kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process:
-its resident memory is read after the imports (the baseline), the stage is built (its transformer and VAE
-loaded), the process's peak is reset (``/proc/self/clear_refs``), the stage runs ``--steps`` optimizer
-steps, and the measured figure is the peak above the baseline at the end of the last step (the stage's
-checkpoint and final weights, written after it, are left out: on a GPU they are written from host memory).
-The estimate is ``flowpost/tasks/preflight``'s for the stage's config, on one process. Torch's CPU allocator
-keeps no peak statistics, so the process's peak resident set stands in for it: allocator caching, the Python
-heap and library buffers count there, not in the estimate. Goal: the measurement within +-25 % of the estimate. Writes
+kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process. The
+process first computes the preflight's estimate for the stage's config on one process (which imports the
+family's classes), then reads its anonymous resident memory (the baseline), builds the stage, loads its VAE
+(else the first encode loads it, its bf16 copy in that step's peak: host memory on a GPU) and runs ``--steps``
+optimizer steps. Torch's CPU allocator keeps no statistics, so the resident set
+stands in for them, made to follow live tensors: glibc returns every freed block over 64 KiB at once
+(``MALLOC_MMAP_THRESHOLD_``, no allocator caching); file-backed pages (library code) are left out; weights that
+the loader mapped from ``.safetensors`` files count whole, as a GPU holds them. Each step's peak resident set is
+reset at the end of the previous step (``/proc/self/clear_refs``); the measured figure is the largest step peak
+above the baseline (the checkpoint and final weights, written after the last step, are left out: on a GPU they
+are written from host memory). The Python heap and library buffers the steps allocate still count there, not in
+the estimate. Goal: the measurement within +-25 % of the estimate. Writes
 ``WORKSPACE/preflight_vs_measured.json``.
 """
 
@@ -34,7 +38,7 @@ BENCH = Path(__file__).resolve().parent
 TESTS = BENCH.parent / "tests"
 sys.path[:0] = [str(TESTS)]
 
-from process_memory import peak, reset_peak, resident  # noqa: E402
+from process_memory import anonymous, mapped_files, mapped_resident, peak, reset_peak  # noqa: E402
 from shape_faithful.build import CHECKPOINTS, build_folder  # noqa: E402
 
 from flowpost.core.callbacks.base import Callback  # noqa: E402
@@ -46,6 +50,10 @@ VARIANTS: dict[str, dict[str, Any]] = {  # the stage's model and train sections 
     "full": {"model": {}, "train": {}},
 }
 GOAL = 0.25
+CHILD_ENV = {  # one thread; glibc hands every block over 64 KiB back on free, so the resident set follows live tensors
+    "OMP_NUM_THREADS": "1",
+    "MALLOC_MMAP_THRESHOLD_": "65536",
+}
 
 
 def family_options(family: str, resolution: int) -> dict[str, Any]:
@@ -105,17 +113,23 @@ def prepare(root: Path, checkpoint: str, resolution: int) -> Path:
 
 
 class StepPeak(Callback):
-    """The process's peak resident set at the end of each optimizer step (checkpoints come after the last)."""
+    """The most bytes the stage held during any optimizer step (checkpoints come after the last): each step's
+    peak resident set less its file-backed pages (library code the step's kernels touched, weights read from mapped
+    files), plus the mapped weight files whole (the loader maps ``.safetensors`` files it need not convert; a GPU
+    holds them whole), the peak reset at the end of each step."""
 
     def __init__(self) -> None:
         self.bytes = 0
 
     def on_step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        self.bytes = max(self.bytes, peak())
+        weights = mapped_files(".safetensors")
+        self.bytes = max(self.bytes, peak() - mapped_resident() + weights)
+        reset_peak()
 
 
 def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: int) -> dict[str, Any]:
-    """Run in a fresh process: the stage's peak above the post-import baseline, and the preflight's estimate."""
+    """Run in a fresh process: the preflight's estimate (which imports the family's classes), then the stage's
+    allocated peak above the baseline taken after it."""
     import torch
 
     from flowpost.core.config.schema import StageConfig
@@ -136,16 +150,18 @@ def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: i
         encoder_fingerprint=FINGERPRINT,
         resume=False,
     )
+    estimated = estimate(root, checkpoint, variant, resolution, steps)
     gc.collect()
-    baseline = resident()
+    baseline = anonymous()
     trainer = build_trainer(spec)
-    loaded = resident() - baseline
+    trainer.adapter.vae_on(trainer.accelerator.device)  # else loaded by the first encode, its bf16 copy in the peak
+    loaded = anonymous() + mapped_files(".safetensors") - baseline
     recorder = StepPeak()
     trainer.callbacks.callbacks["step_peak"] = recorder
     gc.collect()
     reset_peak()
     trainer.start()
-    return {"loaded_bytes": loaded, "measured_bytes": recorder.bytes - baseline}
+    return {**estimated, "loaded_bytes": loaded, "measured_bytes": recorder.bytes - baseline}
 
 
 def estimate(root: Path, checkpoint: str, variant: str, resolution: int, steps: int) -> dict[str, Any]:
@@ -192,16 +208,11 @@ def main() -> None:
         for variant in args.variants:
             command = [sys.executable, __file__, "--workspace", str(args.workspace), "--measure", checkpoint, variant]
             command += ["--resolution", str(args.resolution), "--steps", str(args.steps)]
-            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **CHILD_ENV})
             if done.returncode != 0:
                 raise SystemExit(f"{checkpoint} {variant} failed:\n{done.stderr[-4000:]}")
             measured = json.loads(done.stdout.strip().splitlines()[-1])
-            row = {
-                "checkpoint": checkpoint,
-                "variant": variant,
-                **estimate(root, checkpoint, variant, args.resolution, args.steps),
-                **measured,
-            }
+            row = {"checkpoint": checkpoint, "variant": variant, **measured}
             row["ratio"] = row["measured_bytes"] / row["estimate_bytes"]
             row["within_goal"] = abs(row["ratio"] - 1) <= GOAL
             rows.append(row)

@@ -14,8 +14,11 @@ first blocks). LoRA adds each adapted layer's rank-wide
 intermediate per token (what its up-projection keeps for backward), so it grows with the rank: the ranks
 summed over the layers, taken as ``trainable / (2 * hidden)`` (each layer about ``hidden`` wide on both
 sides), over every token (a layer of one stream of a dual-stream block sees fewer: an upper bound).
-The VAE (``codec``) is held whole, in fp32, by every process that encodes or decodes. Workspace, fragmentation,
-the CUDA context, the VAE's own activations and the reward model come on top.
+The VAE (``codec``) is held whole, in fp32, by every process that encodes or decodes; a stage that encodes its
+media each step also needs the encoder's activations (``codec_activations``: the most bytes its encode of one
+micro-batch holds at once, traced on the meta device), which come and go before the transformer's forward, so the
+peak takes the larger of the two activation parts. Workspace, fragmentation, the CUDA context, the decoder's
+activations and the reward model come on top.
 
 Offloaded snapshots and an offloaded VAE (``stages.NAME.offload``) leave the device's total and count as ``host``
 memory, per process: a snapshot lives in host memory and is copied into the weights when swapped in; the VAE
@@ -46,11 +49,13 @@ class MemoryEstimate:
     activations: float
     codec: float = 0.0
     host: float = 0.0  # offloaded snapshots and VAE, in this process's host memory: not in ``total``
+    codec_activations: float = 0.0  # the VAE encode's, freed before the transformer's forward
 
     @property
     def total(self) -> float:
         """Bytes on the device."""
-        return self.weights + self.gradients + self.optimizer + self.snapshots + self.activations + self.codec
+        held = self.weights + self.gradients + self.optimizer + self.snapshots + self.codec
+        return held + max(self.activations, self.codec_activations)
 
 
 def estimate_memory(
@@ -68,12 +73,14 @@ def estimate_memory(
     codec_bytes: float = 0.0,
     hosted_snapshots: int = 0,
     hosted_codec: bool = False,
+    codec_activation_bytes: float = 0.0,
 ) -> MemoryEstimate:
     """Per-GPU bytes for ``roles`` trainable copies (LoRA: adapters on one shared base) and ``snapshots``,
     training ``micro_batch`` samples per GPU of ``image_tokens + text_tokens`` tokens; ``lora``: the trainable
     parameters are adapters, whose intermediates grow with their rank; ``eight_bit_roles`` of the roles step
-    ``adamw8bit``; ``codec_bytes``: the VAE the stage holds (not sharded); ``hosted_snapshots`` more snapshots and,
-    with ``hosted_codec``, the VAE are offloaded to the host."""
+    ``adamw8bit``; ``codec_bytes``: the VAE the stage holds (not sharded); ``codec_activation_bytes``: its encode
+    of one micro-batch; ``hosted_snapshots`` more snapshots and, with ``hosted_codec``, the VAE are offloaded to the
+    host."""
     frozen = footprint.weight_bytes - footprint.trainable_bytes
     trainable = roles * footprint.trainable_bytes
     weight_share = 1 / world_size if backend == "fsdp2" else 1.0
@@ -93,6 +100,7 @@ def estimate_memory(
         activations=micro_batch * per_sample,
         codec=0.0 if hosted_codec else codec_bytes,
         host=hosted_snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE + (codec_bytes if hosted_codec else 0.0),
+        codec_activations=codec_activation_bytes,
     )
 
 

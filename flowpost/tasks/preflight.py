@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from flowpost.core.config.schema.models import ModelConfig
 from flowpost.core.config.schema.pipeline import PipelineConfig
 from flowpost.core.config.schema.stages import StageConfig
 from flowpost.core.contracts import Acquisition
+from flowpost.core.live_bytes import FusedAttention, LiveBytes
 from flowpost.core.memory import GIB, MemoryEstimate, estimate_memory
 from flowpost.core.models.footprint import ModelFootprint, model_footprint
 from flowpost.core.models.pipeline_family import PipelineFamily
@@ -57,18 +59,25 @@ def stage_memory(config: PipelineConfig) -> list[StageMemory]:
         fine_tune += ", adamw8bit" if eight_bit_roles(stage) else ""
         world = stage.launch.num_processes
         try:
-            footprint = stage_footprint(stage, model)
+            adapter = stage_adapter(stage, model)
         except (FlowpostError, AttributeError, KeyError, TypeError, ValueError) as error:  # a plan still prints
             rows.append(StageMemory(name, model.family, fine_tune, world, note=f"not estimated: {error}"))
             continue
-        rows.append(
-            StageMemory(name, model.family, fine_tune, world, footprint, stage_estimate(config, name, footprint))
-        )
+        footprint = model_footprint(adapter)
+        estimate = stage_estimate(config, name, footprint, prepare_vae=adapter.prepare_vae)
+        rows.append(StageMemory(name, model.family, fine_tune, world, footprint, estimate))
     return rows
 
 
-def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint) -> MemoryEstimate:
-    """Stage ``name``'s memory per GPU for a network of ``footprint``: its layout, roles, snapshots and batch."""
+def stage_estimate(
+    config: PipelineConfig,
+    name: str,
+    footprint: ModelFootprint,
+    *,
+    prepare_vae: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+) -> MemoryEstimate:
+    """Stage ``name``'s memory per GPU for a network of ``footprint``: its layout, roles, snapshots and batch;
+    ``prepare_vae``: the family's VAE set-up (slicing), for the encode's trace."""
     stage = config.stages[name]
     model = base_model(config, name) or stage.model
     held = stage_snapshots(stage)
@@ -87,6 +96,7 @@ def stage_estimate(config: PipelineConfig, name: str, footprint: ModelFootprint)
         lora=stage.model.lora is not None,
         codec_bytes=codec_bytes(stage, model),
         hosted_codec="vae" in stage.offload,
+        codec_activation_bytes=encode_bytes(stage, model, footprint, prepare_vae),
     )
 
 
@@ -94,24 +104,53 @@ def codec_bytes(stage: StageConfig, model: ModelConfig) -> int:
     """The VAE the stage holds, in fp32, sized from its config on the meta device: every stage that encodes
     media or decodes samples (rewards, validation grids) holds it; none for one that reads a latent cache and
     never decodes, or whose VAE config is not a local file (a hub id is not fetched)."""
+    codec = stage_codec(stage, model)
+    return 0 if codec is None else 4 * sum(parameter.numel() for parameter in codec.parameters())
+
+
+def encode_bytes(
+    stage: StageConfig,
+    model: ModelConfig,
+    footprint: ModelFootprint,
+    prepare_vae: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+) -> int:
+    """The most bytes the VAE's encode of one micro-batch holds at once (fp32 activations; a causal video VAE's
+    feature cache; its attention as a fused kernel holds it), traced on the meta device at the stage's pixels.
+    A stage that encodes its media each step (no latent cache) needs it; one that reads latents, or generates,
+    encodes nothing."""
+    if trainer_class(stage.trainer).acquisition is Acquisition.GENERATION or not footprint.pixels:
+        return 0
+    if stage.data is None or stage.data.latents:
+        return 0
+    codec = stage_codec(stage, model)
+    if codec is None:
+        return 0
+    codec = prepare_vae(codec) if prepare_vae is not None else codec
+    pixels = torch.empty((micro_batch_per_gpu(stage), *footprint.pixels), device="meta")
+    with torch.no_grad(), FusedAttention(), LiveBytes() as live:
+        codec.encode(pixels).latent_dist.mode()
+    return live.peak
+
+
+def stage_codec(stage: StageConfig, model: ModelConfig) -> torch.nn.Module | None:
+    """The stage's VAE in fp32 on the meta device, or None where it holds none (see ``codec_bytes``)."""
     generates = trainer_class(stage.trainer).acquisition is Acquisition.GENERATION
     decodes = generates or stage.callbacks.validation is not None
     if not decodes and stage.data is not None and stage.data.latents:
-        return 0
+        return None
     if model.pretrained is None or is_hub_id(model.pretrained):
-        return 0
+        return None
     config_file = Path((model.components or {}).get("vae") or Path(model.pretrained) / "vae") / "config.json"
     if not config_file.is_file():
-        return 0
+        return None
     import diffusers
 
     config = json.loads(config_file.read_text())
     codec_class = getattr(diffusers, str(config.get("_class_name")), None)
     if codec_class is None:
-        return 0
+        return None
     with torch.device("meta"):
-        codec = codec_class.from_config(config)
-    return 4 * sum(parameter.numel() for parameter in codec.parameters())
+        return codec_class.from_config(config).float().eval()
 
 
 def eight_bit_roles(stage: StageConfig) -> int:
@@ -127,9 +166,9 @@ def base_model(config: PipelineConfig, stage: str) -> ModelConfig | None:
     return model if model is not None and model.pretrained is not None else None
 
 
-def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
-    """The stage's network sized without weights: its family on a meta-device transformer, with its quantized
-    base and its LoRA."""
+def stage_adapter(stage: StageConfig, model: ModelConfig) -> PipelineFamily:
+    """The stage's network without weights: its family on a meta-device transformer, with its quantized base
+    and its LoRA, trainable parameters in fp32."""
     cls = adapter_class(model.family, where="model.family")
     if not issubclass(cls, PipelineFamily):
         raise FlowpostError(f"family {model.family!r} is not loaded from a diffusers pipeline", where="model.family")
@@ -144,7 +183,7 @@ def stage_footprint(stage: StageConfig, model: ModelConfig) -> ModelFootprint:
         with torch.device("meta"):
             adapter.add_lora(rank=lora.rank, alpha=lora.alpha or float(lora.rank), targets=lora.targets)
     upcast_trainable(adapter.trainable_network())  # as the trainer keeps them: fp32 over a half-precision base
-    return model_footprint(adapter)
+    return adapter
 
 
 def stage_snapshots(stage: StageConfig) -> frozenset[Snapshot]:
@@ -192,7 +231,7 @@ def over_budget(rows: list[StageMemory], gpu_memory: float | None) -> list[str]:
 
 COLUMNS = (
     *("stage", "family", "fine-tune", "GPUs", "trainable"),
-    *("weights", "grads", "optimizer", "snapshots", "activations", "VAE", "total", "host"),
+    *("weights", "grads", "optimizer", "snapshots", "activations", "VAE", "VAE encode", "total", "host"),
 )
 
 
@@ -203,7 +242,8 @@ def cells(row: StageMemory) -> list[str]:
     if row.estimate is None or row.footprint is None:
         return [*head, row.note, *[""] * (len(COLUMNS) - len(head) - 1)]
     e = row.estimate
-    parts = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.total, e.host)
+    held = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.codec_activations)
+    parts = (*held, e.total, e.host)
     return [*head, params_text(row.footprint.trainable), *(f"{part / GIB:.1f}" for part in parts)]
 
 

@@ -74,3 +74,15 @@ def test_adamw8bit_roles_keep_a_byte_per_moment_value_and_a_scale_per_block() ->
     assert fp32.optimizer == 2 * ADAM_MOMENTS * 2000 and one.optimizer == ADAM_MOMENTS * 2000 + 1000 * 2 * (1 + 4 / 256)
     assert both.optimizer == 2 * 1000 * 2 * (1 + 4 / 256) / 2  # sharded like fp32 moments
     assert (one.weights, one.gradients, one.activations) == (fp32.weights, fp32.gradients, fp32.activations)
+
+
+def test_the_vae_encode_and_the_transformers_activations_peak_one_after_the_other() -> None:
+    """The encode's activations are freed before the forward: the peak holds the larger of the two, on top of
+    what stays (weights, gradients, moments, the VAE)."""
+    small, large = (
+        _estimate(FULL, codec_bytes=500, codec_activation_bytes=10),
+        _estimate(FULL, codec_bytes=500, codec_activation_bytes=10**6),
+    )
+    held = small.weights + small.gradients + small.optimizer + small.snapshots + 500
+    assert small.codec_activations == 10 and small.total == held + small.activations
+    assert large.total == held + 10**6 > held + large.activations

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from plugin_site import on_path
 from pretrained_stage import with_model
 from tiny_flux1_pipeline import RESOLUTION
 from tiny_wan2_pipeline import FRAMES, HEIGHT, WIDTH
 
 from flowpost.core.config.loading import validate_pipeline
+from flowpost.core.live_bytes import FusedAttention, LiveBytes
 from flowpost.core.memory import SNAPSHOT_ITEMSIZE
 from flowpost.core.models.footprint import model_footprint
 from flowpost.core.snapshots import Snapshot
@@ -23,7 +25,7 @@ from flowpost.core.trainers.registry import TRAINERS
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.stage import build_adapter
 from flowpost.tasks import preflight
-from flowpost.tasks.preflight import over_budget, stage_memory, stage_snapshots
+from flowpost.tasks.preflight import encode_bytes, micro_batch_per_gpu, over_budget, stage_memory, stage_snapshots
 
 ROOT = Path(__file__).parents[2]
 SHAPES = ROOT / "docs" / "shapes"
@@ -69,6 +71,28 @@ def test_the_estimates_parameter_part_is_the_loaded_models(
     assert (row.fine_tune == "full") == (lora is None) and row.footprint.checkpointed == (
         row.footprint.blocks if family.startswith("wan2") else 0
     )
+
+
+@pytest.mark.parametrize(("family", "fixture"), [("sd3", "sd3"), ("qwen-image", "qwen_image"), ("wan2", "wan2")])
+def test_the_vae_encode_is_sized_as_the_loaded_vae_encodes_the_stages_batch(
+    tiny_pipeline, family: str, fixture: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The meta-device trace of the encode holds what the loaded VAE's encode of a micro-batch of the family's
+    pixels holds on real tensors (an image VAE, an image through a video VAE, videos one at a time), attention
+    sized as a fused kernel in both; a stage reading a latent cache encodes nothing."""
+    folder = request.getfixturevalue(f"{fixture}_pipeline_dir")
+    model = {"family": family, "pretrained": str(folder), "options": OPTIONS[family]}
+    config = validate_pipeline(_config(tiny_pipeline, model))
+    [row] = stage_memory(config)
+    stage = config.stages["sft"]
+    loaded = build_adapter(stage, StageSpec(stage="sft", seed=0, config={}, output_dir=str(tmp_path)))
+    pixels, vae = torch.rand(micro_batch_per_gpu(stage), *loaded.pixel_shape) * 2 - 1, loaded.vae  # loaded before
+    with torch.no_grad(), FusedAttention(), LiveBytes() as live:
+        latents = vae.encode(pixels).latent_dist.mode()
+    assert row.estimate is not None and row.estimate.codec_activations == pytest.approx(live.peak, rel=0.01)
+    assert live.peak > 4 * latents.nbytes
+    cached = stage.model_copy(update={"data": stage.data.model_copy(update={"latents": "cache"})})
+    assert encode_bytes(cached, stage.model, row.footprint) == 0
 
 
 def test_stages_without_a_real_family_get_no_row_and_an_init_chain_finds_its_pipeline(

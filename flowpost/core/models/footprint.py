@@ -26,6 +26,7 @@ class ModelFootprint:
     hidden: int  # attention heads x head width
     image_tokens: int  # latent tokens of one sample (frames included), with its conditions' image tokens
     checkpointed: int  # gradient checkpointing: the blocks whose activations are recomputed in backward
+    pixels: tuple[int, ...] = ()  # one sample's pixels as its VAE encodes them; () without a VAE
 
 
 def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
@@ -44,6 +45,7 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
         hidden=attention_width(config),
         image_tokens=image_tokens(adapter) + adapter.condition_tokens,
         checkpointed=checkpointed_blocks(network) // routed,
+        pixels=tuple(getattr(adapter, "pixel_shape", ())),
     )
 
 

@@ -259,7 +259,16 @@ class PipelineFamily(TransformerAdapter):
         import diffusers
 
         source = dataclasses.replace(self.source, torch_dtype="float32")
-        return source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False)
+        return self.prepare_vae(source.load("vae", getattr(diffusers, self.vae_class)).eval().requires_grad_(False))
+
+    def prepare_vae(self, vae: torch.nn.Module) -> torch.nn.Module:
+        """``vae`` set up as this family runs it (a family that slices or tiles its VAE says so here)."""
+        return vae
+
+    @property
+    def pixel_shape(self) -> tuple[int, ...]:
+        """One sample's pixels as its VAE encodes them: ``[3, H, W]`` (a video VAE's: ``[3, T, H, W]``)."""
+        return (3, self.resolution, self.resolution)
 
     def loaded_codec(self) -> torch.nn.Module | None:
         return self.__dict__.get("vae")  # what the ``vae`` property cached, without loading it

@@ -105,6 +105,11 @@ class QwenImageAdapter(PackedLatentFamily):
         inverse_std = 1.0 / torch.tensor(config.latents_std, device=like.device)
         return mean.to(like.dtype).view(1, -1, 1, 1, 1), inverse_std.to(like.dtype).view(1, -1, 1, 1, 1)
 
+    @property
+    def pixel_shape(self) -> tuple[int, ...]:
+        """``[3, 1, H, W]``: the video VAE encodes an image as one frame."""
+        return (3, 1, self.resolution, self.resolution)
+
     def vae_encode(self, media: Tensor) -> Tensor:
         """Media ``[B, 3, H, W]`` in [0, 1] to latents ``[B, C, 1, h, w]``: the posterior's mean, then
         ``(x - latents_mean) / latents_std``."""

@@ -179,10 +179,8 @@ class Wan2Adapter(PipelineFamily):
         """Every cached position: the transformer reads the zero-padded states whole, as the stock pipeline."""
         return MaskedTextState(batch.token_states, batch.token_mask.bool())
 
-    @cached_property
-    def vae(self) -> torch.nn.Module:
-        """The pipeline's VAE, decoding one video at a time (and in spatial tiles with ``vae_tiling``)."""
-        vae = super().vae
+    def prepare_vae(self, vae: torch.nn.Module) -> torch.nn.Module:
+        """The pipeline's VAE, coding one video at a time (and in spatial tiles with ``vae_tiling``)."""
         vae.enable_slicing()
         if self.vae_tiling:
             vae.enable_tiling()
@@ -195,6 +193,10 @@ class Wan2Adapter(PipelineFamily):
         mean = torch.tensor(config.latents_mean, device=like.device, dtype=like.dtype).view(shape)
         std = torch.tensor(config.latents_std, device=like.device, dtype=like.dtype).view(shape)
         return mean, std
+
+    @property
+    def pixel_shape(self) -> tuple[int, ...]:
+        return (3, self.num_frames, self.height, self.width)
 
     def encode_output_state(self, media: Tensor) -> Tensor:
         """Videos ``[B, 3, T, H, W]`` in [0, 1] to latents: the posterior's mean, ``(z - mean) / std``."""
