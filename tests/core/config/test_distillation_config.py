@@ -31,7 +31,7 @@ def _error(path: Path, overrides: list[str]) -> str:
         (KD, "datasets.teacher-odes.trajectories.conditions=clip", "trajectories.conditions: unknown conditions"),
         (KD, "datasets.teacher-odes.trajectories.steps=0", "datasets.teacher-odes.trajectories.steps"),
         (KD, "datasets.teacher-odes.image_size=32", "image_size do not apply to source 'teacher-trajectories'"),
-        (KD, "datasets.teacher-odes.path=x.txt", "'path' is required for sources image-folder"),
+        (KD, "datasets.teacher-odes.path=x.txt", "'path' is required for sources edit-pairs, image-folder"),
         (KD, f"datasets.digits.trajectories={TRAJECTORIES}", "trajectories do not apply to source 'builtin-digits'"),
         (KD, "conditions.minilm.datasets=[digits, teacher-odes]", "conditions.minilm.datasets.1: 'teacher-odes' is"),
         (KD, "stages.kd.data.dataset=digits", "stages.kd.data.dataset: trainer 'kd' trains on a 'teacher-traj"),
