@@ -131,3 +131,13 @@ class OnlineArguments(TrainerArguments):
 
     def smoke(self) -> OnlineArguments:
         return super().smoke().model_copy(update={"iterations": min(self.iterations, 2)})  # type: ignore[return-value]
+
+
+def whole_groups(size: int, group: int | None, compared: str) -> int:
+    """``train_batch_size`` ``size`` when it holds whole groups of ``group`` (a validator's check for a trainer
+    that compares the samples of a group within one micro-batch; ``compared`` says what it compares)."""
+    if group is not None and size % group:
+        raise ValueError(
+            f"{compared} within one micro-batch: train_batch_size ({size}) must be a multiple of group_size ({group})"
+        )
+    return size

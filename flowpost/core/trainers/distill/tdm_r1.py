@@ -21,6 +21,7 @@ from torch import Tensor
 from flowpost.core.conditions import ConditionState
 from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract
 from flowpost.core.snapshots import Snapshot
+from flowpost.core.trainers.arguments import whole_groups
 from flowpost.core.trainers.distill.distribution_matching import renoise_between, x0_from_velocity
 from flowpost.core.trainers.distill.draws import UpdateDraws, rows_at
 from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR, ScorePair
@@ -71,13 +72,7 @@ class TDMR1Arguments(TDMArguments):
     @field_validator("train_batch_size")
     @classmethod
     def _whole_groups(cls, size: int, info: ValidationInfo) -> int:
-        group = info.data.get("group_size")
-        if group is not None and size % group:
-            raise ValueError(
-                f"the surrogate compares the samples of a group within one micro-batch: train_batch_size ({size}) "
-                f"must be a multiple of group_size ({group})"
-            )
-        return size
+        return whole_groups(size, info.data.get("group_size"), "the surrogate compares the samples of a group")
 
 
 def reward_tilted_x0(real: Tensor, surrogate: Tensor, reference: Tensor, weight: float) -> Tensor:

@@ -23,7 +23,7 @@ from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.snapshots import Snapshot
-from flowpost.core.trainers.arguments import OnlineArguments
+from flowpost.core.trainers.arguments import OnlineArguments, whole_groups
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import noised, velocity_mse
 from flowpost.core.trainers.objective import Metrics, Objective, accumulate
@@ -75,13 +75,7 @@ class CRDArguments(OnlineArguments):
     @field_validator("train_batch_size")
     @classmethod
     def _whole_groups(cls, size: int, info: ValidationInfo) -> int:
-        group = info.data.get("group_size")
-        if group is not None and size % group:
-            raise ValueError(
-                f"CRD centres the rewards of a group within one micro-batch: train_batch_size ({size}) must be a "
-                f"multiple of group_size ({group})"
-            )
-        return size
+        return whole_groups(size, info.data.get("group_size"), "CRD centres the rewards of a group")
 
     @field_validator("old_decay", "sampler_decay")
     @classmethod

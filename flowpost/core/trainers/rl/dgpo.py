@@ -21,7 +21,7 @@ from flowpost.core.contracts import Paradigm
 from flowpost.core.noise import addressed_rand, addressed_randn
 from flowpost.core.sampling.config import SamplingConfig
 from flowpost.core.snapshots import Snapshot
-from flowpost.core.trainers.arguments import OnlineArguments
+from flowpost.core.trainers.arguments import OnlineArguments, whole_groups
 from flowpost.core.trainers.generation import GenerationTrainer
 from flowpost.core.trainers.matching import matching_error, noised, velocity_mse
 from flowpost.core.trainers.objective import Metrics, Objective, accumulate
@@ -51,13 +51,7 @@ class DGPOArguments(OnlineArguments):
     @field_validator("train_batch_size")
     @classmethod
     def _whole_groups(cls, size: int, info: ValidationInfo) -> int:
-        group = info.data.get("group_size")
-        if group is not None and size % group:
-            raise ValueError(
-                f"DGPO compares the samples of a group within one micro-batch: train_batch_size ({size}) must be a "
-                f"multiple of group_size ({group})"
-            )
-        return size
+        return whole_groups(size, info.data.get("group_size"), "DGPO compares the samples of a group")
 
     def sampling_problems(self, sampling: SamplingConfig) -> list[str]:
         if sampling.dynamics != "ode":
