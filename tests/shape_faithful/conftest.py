@@ -1,8 +1,10 @@
-"""The shape-faithful folders, each built once per session on first use."""
+"""The shape-faithful folders, each built once per session on first use; each test's own outputs removed when it
+ends."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,13 @@ def shape_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
         return built[name]
 
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _outputs_removed_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test's ``tmp_path`` (stage outputs: checkpoints and exports of up to 11 GB at these shapes) is deleted when
+    the test ends, so the tier's disk stays at the shared folders (about 20 GB) plus one test's outputs."""
+    outputs = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if outputs is not None:
+        shutil.rmtree(outputs, ignore_errors=True)
