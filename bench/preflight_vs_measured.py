@@ -56,14 +56,17 @@ CHILD_ENV = {  # one thread; glibc hands every block over 64 KiB back on free, s
 }
 
 
+VIDEO = ("wan2", "wan22-a14b")
+
+
 def family_options(family: str, resolution: int) -> dict[str, Any]:
-    if family == "wan2":
+    if family in VIDEO:
         return {"height": resolution, "width": resolution, "num_frames": 5}
     return {"resolution": resolution}
 
 
 def media_shape(family: str, resolution: int) -> tuple[int, ...]:
-    return (3, 5, resolution, resolution) if family == "wan2" else (3, resolution, resolution)
+    return (3, 5, resolution, resolution) if family in VIDEO else (3, resolution, resolution)
 
 
 def stage_config(checkpoint: str, folder: Path, variant: str, resolution: int, steps: int) -> dict[str, Any]:
