@@ -138,3 +138,22 @@ def test_the_export_round_trips_and_its_lora_loads_into_the_stock_pipeline(
     assert exported.keys() == trained.keys() and exported
     for key, value in trained.items():
         torch.testing.assert_close(exported[key], value, msg=key)
+
+
+def test_the_null_prompt_has_zero_latents_of_every_source_and_a_prompt_must_name_them_all(
+    qwen_image_edit_plus_pipeline_dir: Path, tmp_path: Path
+) -> None:
+    from flowpost.core.conditions import NULL_PROMPT
+    from flowpost.core.edit_prompts import edit_prompt
+    from flowpost.core.models.edit_encoder import EditPrompts
+    from flowpost.core.models.pretrained import PretrainedSource
+    from flowpost.core.models.qwen_image_edit_plus import CONDITION_AREA
+
+    source = PretrainedSource(str(qwen_image_edit_plus_pipeline_dir))
+    encoder = EditPrompts(
+        QwenImageEditPlusAdapter, source, MAX_LENGTH, source_dirs=(tmp_path,), sources=2, condition_area=CONDITION_AREA
+    )
+    batch = encoder.encode([NULL_PROMPT])  # two black squares read by Qwen2.5-VL only: no VAE pass
+    assert batch.pooled.shape == (1, PLUS_SOURCES * SOURCE_TOKENS * 64) and not bool(batch.pooled.any())
+    with pytest.raises(FlowpostError, match=r"names 1 source image\(s\); qwen-image-edit-plus reads 2 here"):
+        encoder.encode([edit_prompt("make it red", "0" * 16)])
