@@ -1,6 +1,6 @@
-"""Shape-faithful pipeline folders: the published configs of nine real checkpoints (``docs/shapes/``), built
+"""Shape-faithful pipeline folders: the published configs of ten real checkpoints (``docs/shapes/``), built
 locally with random bf16 weights, one block of each block kind, one text-encoder layer (FLUX.2: the layers its
-pipelines read) and tokenizers trained here.
+pipelines read) and tokenizers trained here; a checkpoint that ``shares`` another's components links them.
 
 The builder applies the only shrinks (``docs/shapes/SOURCES.md``): transformer ``num_layers`` /
 ``num_single_layers`` to 1 (Z-Image's ``n_layers`` / ``n_refiner_layers`` too; SD3.5-Medium's
