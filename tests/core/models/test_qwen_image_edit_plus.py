@@ -157,3 +157,16 @@ def test_the_null_prompt_has_zero_latents_of_every_source_and_a_prompt_must_name
     assert batch.pooled.shape == (1, PLUS_SOURCES * SOURCE_TOKENS * 64) and not bool(batch.pooled.any())
     with pytest.raises(FlowpostError, match=r"names 1 source image\(s\); qwen-image-edit-plus reads 2 here"):
         encoder.encode([edit_prompt("make it red", "0" * 16)])
+
+
+def test_validation_names_a_bad_number_of_sources_in_the_pipeline_file(qwen_image_edit_plus_pipeline_dir) -> None:
+    import yaml
+
+    from flowpost.core.config.loading import validate_pipeline
+
+    config = yaml.safe_load((Path(__file__).parents[3] / "examples" / "qwen-image-edit.yaml").read_text())
+    for model in (config["conditions"]["qwen"]["model"], *(stage["model"] for stage in config["stages"].values())):
+        model.update(family="qwen-image-edit-plus", pretrained=str(qwen_image_edit_plus_pipeline_dir))
+    config["stages"]["sft"]["model"]["options"]["sources"] = 0
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.options\.sources.*positive number"):
+        validate_pipeline(config)
