@@ -1,4 +1,4 @@
-"""Shape-faithful pipeline folders: the published configs of ten real checkpoints (``docs/shapes/``), built
+"""Shape-faithful pipeline folders: the published configs of eleven real checkpoints (``docs/shapes/``), built
 locally with random bf16 weights, one block of each block kind, one text-encoder layer (FLUX.2: the layers its
 pipelines read) and tokenizers trained here; a checkpoint that ``shares`` another's components links them.
 
@@ -56,6 +56,7 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "flux2-dev": Checkpoint("black-forest-labs/FLUX.2-dev", "flux2", 6144, torch.bfloat16),
     "flux2-klein-base-4b": Checkpoint("black-forest-labs/FLUX.2-klein-base-4B", "flux2-klein", 3072),
     "qwen-image-edit": Checkpoint("Qwen/Qwen-Image-Edit", "qwen-image-edit", 3072, shares="qwen-image"),
+    "qwen-image-edit-2509": Checkpoint("Qwen/Qwen-Image-Edit-2509", "qwen-image-edit-plus", 3072, shares="qwen-image"),
 }
 TOKENIZED = ("text_encoder", "tokenizer", "processor")  # components built around the local tokenizer: never shared
 VISION_TOKENS = {  # Qwen2.5-VL's vision token ids, set to the local tokenizer's where it has them (the edit ones)
@@ -133,7 +134,7 @@ def tokenizers(checkpoint: str) -> dict[str, Any]:
     family = CHECKPOINTS[checkpoint].family
     if family == "qwen-image":
         return {"tokenizer": qwen_tokenizer()}
-    if family == "qwen-image-edit":
+    if family in ("qwen-image-edit", "qwen-image-edit-plus"):
         return {"tokenizer": edit_tokenizer()}
     if family in ("z-image", "flux2-klein"):
         return {"tokenizer": z_image_tokenizer()}

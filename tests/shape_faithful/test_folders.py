@@ -31,6 +31,7 @@ FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small la
     "flux2": {"resolution": 128},
     "flux2-klein": {"resolution": 128},
     "qwen-image-edit": {"resolution": 128},
+    "qwen-image-edit-plus": {"resolution": 128},
 }
 VIDEO = ("wan2", "wan22-a14b")
 

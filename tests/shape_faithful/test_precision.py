@@ -46,6 +46,7 @@ OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 
     "flux2": {"resolution": 128},
     "flux2-klein": {"resolution": 128},
     "qwen-image-edit": {"resolution": 128},
+    "qwen-image-edit-plus": {"resolution": 128},
 }
 MEDIA = {
     "sd3": (3, 128, 128),
@@ -57,6 +58,7 @@ MEDIA = {
     "flux2": (3, 128, 128),
     "flux2-klein": (3, 128, 128),
     "qwen-image-edit": (3, 128, 128),
+    "qwen-image-edit-plus": (3, 128, 128),
 }
 DEFAULT_STEPS = {  # the stock num_inference_steps
     "sd3": 28,
@@ -68,17 +70,20 @@ DEFAULT_STEPS = {  # the stock num_inference_steps
     "flux2": 50,
     "flux2-klein": 50,
     "qwen-image-edit": 50,
+    "qwen-image-edit-plus": 50,
 }
 EXPERTS = "wan22-a14b"  # the family whose network is two experts: LoRA on both, full fine-tuning of one
 FULL_OPTIONS = {EXPERTS: {"experts": "high"}}  # one 5120-wide expert in fp32 with AdamW, as Z-Image's 3840-wide
 # FLUX.2-dev's one-block transformer holds 2.2 B parameters: fp32 weights, gradients and AdamW moments would
-# take 35 GB, past what this tier runs on
-# Qwen-Image-Edit fine-tunes Qwen-Image's transformer (the same config): its full fine-tuning row would repeat
-# Qwen-Image's
-FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in ("flux2-dev", "qwen-image-edit")]
+# take 35 GB, past what this tier runs on; the edit checkpoints fine-tune Qwen-Image's transformer (the same
+# config): their full fine-tuning rows would repeat Qwen-Image's
+EDITS_OF_QWEN_IMAGE = ("qwen-image-edit", "qwen-image-edit-2509")
+FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in ("flux2-dev", *EDITS_OF_QWEN_IMAGE)]
 # and its LoRA GRPO stage needs about 10 GB and longer than this whole tier's budget on a 2-core CPU: the dev
-# folder is checked by the stock pipeline, the adapter's load and the SDE grid; klein carries the family's rows
-LORA_TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint != "flux2-dev"]
+# folder is checked by the stock pipeline, the adapter's load and the SDE grid; klein carries the family's rows.
+# Edit-Plus trains as Qwen-Image-Edit does on seeded conditions (another source count alone): Qwen-Image-Edit's
+# row carries both
+LORA_TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in ("flux2-dev", "qwen-image-edit-2509")]
 LR = 1e-5
 
 
