@@ -1,6 +1,6 @@
-"""Shape-faithful pipeline folders: the published configs of nine real checkpoints (``docs/shapes/``), built
+"""Shape-faithful pipeline folders: the published configs of eleven real checkpoints (``docs/shapes/``), built
 locally with random bf16 weights, one block of each block kind, one text-encoder layer (FLUX.2: the layers its
-pipelines read) and tokenizers trained here.
+pipelines read) and tokenizers trained here; a checkpoint that ``shares`` another's components links them.
 
 The builder applies the only shrinks (``docs/shapes/SOURCES.md``): transformer ``num_layers`` /
 ``num_single_layers`` to 1 (Z-Image's ``n_layers`` / ``n_refiner_layers`` too; SD3.5-Medium's
@@ -20,9 +20,12 @@ from typing import Any
 
 import torch
 from tiny_flux2_pipeline import mistral_tokenizer
+from tiny_qwen_image_edit_pipeline import edit_tokenizer
 from tiny_qwen_image_pipeline import qwen_tokenizer
 from tiny_sd3_pipeline import clip_tokenizer, t5_tokenizer
 from tiny_z_image_pipeline import z_image_tokenizer
+
+from flowpost.core.conditions import ConditionBatch
 
 CONFIGS = Path(__file__).resolve().parents[2] / "docs" / "shapes"
 DTYPE = torch.bfloat16  # what the published checkpoints are run in
@@ -38,6 +41,7 @@ class Checkpoint:
     family: str
     width: int
     init_dtype: torch.dtype = torch.float32  # the dtype its random transformer is drawn in before the cast to bf16
+    shares: str | None = None  # a checkpoint whose built components it links where the published configs agree
 
 
 CHECKPOINTS: dict[str, Checkpoint] = {
@@ -51,6 +55,15 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     # 2.2 B parameters with one block of each kind: drawn in fp32 they would take 9 GB before the cast
     "flux2-dev": Checkpoint("black-forest-labs/FLUX.2-dev", "flux2", 6144, torch.bfloat16),
     "flux2-klein-base-4b": Checkpoint("black-forest-labs/FLUX.2-klein-base-4B", "flux2-klein", 3072),
+    "qwen-image-edit": Checkpoint("Qwen/Qwen-Image-Edit", "qwen-image-edit", 3072, shares="qwen-image"),
+    "qwen-image-edit-2509": Checkpoint("Qwen/Qwen-Image-Edit-2509", "qwen-image-edit-plus", 3072, shares="qwen-image"),
+}
+TOKENIZED = ("text_encoder", "tokenizer", "processor")  # components built around the local tokenizer: never shared
+VISION_TOKENS = {  # Qwen2.5-VL's vision token ids, set to the local tokenizer's where it has them (the edit ones)
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
 }
 READ_LAYERS = {"flux2": 30, "flux2-klein": 27}  # the deepest text-encoder layer each FLUX.2 pipeline reads
 SPECIAL_TOKENS: dict[str, dict[str, str]] = {  # per text-encoder model_type: the token each id field names
@@ -69,7 +82,7 @@ def published(checkpoint: str, component: str) -> dict[str, Any]:
     """The published config of ``component`` (``model_index``, ``scheduler``, ``transformer``, ...)."""
     if component == "model_index":
         return json.loads((CONFIGS / checkpoint / "model_index.json").read_text())
-    name = "scheduler_config.json" if component == "scheduler" else "config.json"
+    name = {"scheduler": "scheduler_config.json", "processor": "preprocessor_config.json"}.get(component, "config.json")
     return json.loads((CONFIGS / checkpoint / component / name).read_text())
 
 
@@ -111,6 +124,8 @@ def _shrunk(checkpoint: str, config: dict[str, Any], tokenizer: Any) -> dict[str
     config["vocab_size"] = len(tokenizer)
     for key, token in SPECIAL_TOKENS.get(config["model_type"], {}).items():
         config[key] = tokenizer.convert_tokens_to_ids(token)
+    if "<|image_pad|>" in tokenizer.get_vocab():
+        config.update({key: tokenizer.convert_tokens_to_ids(token) for key, token in VISION_TOKENS.items()})
     return config
 
 
@@ -119,6 +134,8 @@ def tokenizers(checkpoint: str) -> dict[str, Any]:
     family = CHECKPOINTS[checkpoint].family
     if family == "qwen-image":
         return {"tokenizer": qwen_tokenizer()}
+    if family in ("qwen-image-edit", "qwen-image-edit-plus"):
+        return {"tokenizer": edit_tokenizer()}
     if family in ("z-image", "flux2-klein"):
         return {"tokenizer": z_image_tokenizer()}
     if family == "flux2":
@@ -139,6 +156,12 @@ def _component(checkpoint: str, name: str, class_name: str, tokens: dict[str, An
 
     if name.startswith("tokenizer"):
         return tokens[name]
+    if name == "processor":  # Qwen2-VL's, over the local tokenizer (image_text_processor.py: no video part)
+        from flowpost.core.models.image_text_processor import image_text_processor_class
+
+        config = {k: v for k, v in published(checkpoint, name).items() if not k.endswith(("_type", "_class"))}
+        images = transformers.Qwen2VLImageProcessor(**config)
+        return image_text_processor_class()(image_processor=images, tokenizer=tokens["tokenizer"])
     if name == "scheduler":
         return getattr(diffusers, class_name).from_config(published(checkpoint, "scheduler"))
     if name.startswith("text_encoder"):
@@ -156,23 +179,90 @@ def _component(checkpoint: str, name: str, class_name: str, tokens: dict[str, An
         torch.set_default_dtype(default)
 
 
-def build_folder(checkpoint: str, out: Path, *, seed: int = 0) -> Path:
+def shared_components(checkpoint: str) -> list[str]:
+    """The components ``checkpoint`` takes from the folder of the checkpoint it ``shares``: those of the same class
+    and the same published config that no local tokenizer shapes."""
+    other = CHECKPOINTS[checkpoint].shares
+    if other is None:
+        return []
+    index, theirs = published(checkpoint, "model_index"), published(other, "model_index")
+    return [
+        name
+        for name, value in index.items()
+        if isinstance(value, list)
+        and name not in TOKENIZED
+        and theirs.get(name) == value
+        and published(checkpoint, name) == published(other, name)
+    ]
+
+
+def build_folder(checkpoint: str, out: Path, *, seed: int = 0, shared: Path | None = None) -> Path:
     """Write the shape-faithful pipeline folder of ``checkpoint`` (a key of ``CHECKPOINTS``) to ``out``: the
-    published ``model_index.json`` classes and options, bf16 weights drawn from ``seed``."""
+    published ``model_index.json`` classes and options, bf16 weights drawn from ``seed``. With ``shared`` (the
+    built folder of the checkpoint it ``shares``), the ``shared_components`` are links into that folder."""
     import diffusers
 
     index = published(checkpoint, "model_index")
     tokens = tokenizers(checkpoint)
+    linked = shared_components(checkpoint) if shared is not None else []
     parts: dict[str, Any] = {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for name, value in index.items():
             if name.startswith("_"):
                 continue
-            if isinstance(value, list):  # [library, class], or [null, null] for an absent component
+            if name in linked:
+                parts[name] = getattr(diffusers, value[1]).from_pretrained(shared / name)
+            elif isinstance(value, list):  # [library, class], or [null, null] for an absent component
                 parts[name] = None if value[1] is None else _component(checkpoint, name, value[1], tokens)
             else:  # a pipeline option (Wan2.2's expand_timesteps, boundary_ratio)
                 parts[name] = value
         pipeline = getattr(diffusers, index["_class_name"])(**parts)
-    pipeline.save_pretrained(out, safe_serialization=True)
+    if not linked:
+        pipeline.save_pretrained(out, safe_serialization=True)
+        return out
+    for name in index:
+        if name in linked:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / name).symlink_to(shared / name, target_is_directory=True)
+        elif not name.startswith("_") and parts[name] is not None and hasattr(parts[name], "save_pretrained"):
+            parts[name].save_pretrained(out / name)
+    pipeline.save_config(out)  # model_index.json, as save_pretrained writes it
     return out
+
+
+def is_edit(checkpoint: str) -> bool:
+    """Whether the checkpoint's pipeline edits source images (its model index has a ``processor``)."""
+    return "processor" in published(checkpoint, "model_index")
+
+
+def seeded_edit_conditions(checkpoint: str, prompts: list[str], *, grid: int = 4) -> ConditionBatch:
+    """Edit conditions of ``prompts`` at the checkpoint's published widths, drawn from one generator per prompt:
+    6 token states as wide as its text encoder (the last one padding after the first row) and ``grid x grid``
+    packed source tokens as wide as its transformer's input, flattened in ``pooled``.
+
+    The stock pipelines read every source at 1024 x 1024 pixels: at the published VAE width one encode takes
+    minutes on a CPU and a 64 x 64 grid of source tokens makes every transformer pass seconds long, so the
+    training rows take seeded conditions on a small grid; the stock pipeline's own row encodes a real source."""
+    width = published(checkpoint, "text_encoder")["hidden_size"]
+    channels = published(checkpoint, "transformer")["in_channels"]
+    generators = [torch.Generator().manual_seed(sum(map(ord, prompt))) for prompt in prompts]
+    states = torch.stack([torch.randn(6, width, generator=g) for g in generators])
+    mask = torch.ones(len(prompts), 6, dtype=torch.int8)
+    mask[1:, -1] = 0
+    source = torch.stack([torch.randn(grid * grid * channels, generator=g) for g in generators])
+    return ConditionBatch(states * mask.unsqueeze(-1), mask, source)
+
+
+def stock_pipeline(checkpoint: str, folder: Path, **components: Any) -> Any:
+    """The published pipeline class loaded from ``folder`` in bf16 (an edit pipeline's processor for images and
+    text: ``image_text_processor.py``)."""
+    import diffusers
+
+    from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
+    from flowpost.core.models.pretrained import PretrainedSource
+
+    if is_edit(checkpoint):
+        components.setdefault(PROCESSOR, load_image_text_processor(PretrainedSource(str(folder))))
+    pipeline_class = getattr(diffusers, published(checkpoint, "model_index")["_class_name"])
+    return pipeline_class.from_pretrained(folder, torch_dtype=DTYPE, **components)

@@ -1,5 +1,5 @@
-"""An edit family's conditions: each instruction read by Qwen2.5-VL with its source image, and the source's
-packed VAE latents, computed as the stock edit pipeline computes them and cached together in one row."""
+"""An edit family's conditions: each instruction read by Qwen2.5-VL with its source images, and each source's
+packed VAE latents, computed as the stock edit pipelines compute them and cached together in one row."""
 
 from __future__ import annotations
 
@@ -12,24 +12,27 @@ from typing import Any
 import torch
 
 from flowpost.core.conditions import ConditionBatch
-from flowpost.core.edit_prompts import parse_edit_prompt, source_file
+from flowpost.core.edit_prompts import parse_edit_sources, source_file
 from flowpost.core.models.image_text_processor import load_image_text_processor
 from flowpost.core.models.pipeline_prompts import PipelinePrompts
 from flowpost.errors import FlowpostError
 
-SOURCE_AREA = 1024 * 1024  # the stock edit pipeline reads its source at this many pixels, at its aspect ratio
+SOURCE_AREA = 1024 * 1024  # the stock edit pipelines VAE-encode each source at this many pixels, at its aspect ratio
 
 
 @dataclass
 class EditPrompts(PipelinePrompts):
     """The edit pipeline's text encoder, processor and VAE (fp32), loaded on first use.
 
-    ``encode`` takes edit prompts (``instruction [source DIGEST]``) whose source images lie in one of
-    ``source_dirs`` (a dataset's ``assets/``); a plain prompt (the null prompt) is read with a black square and
-    has zero source latents (the latents' mean: no source).
+    ``encode`` takes edit prompts (``instruction [source DIGEST] ...``) naming ``sources`` source images each,
+    which lie in one of ``source_dirs`` (a dataset's ``assets/``); a plain prompt (the null prompt) is read with
+    as many black squares and has zero source latents (the latents' mean: no source). Qwen2.5-VL reads each
+    source at ``condition_area`` pixels (Qwen-Image-Edit: ``SOURCE_AREA``; Edit-Plus: 384 x 384).
     """
 
     source_dirs: tuple[Path, ...] = ()
+    sources: int = 1
+    condition_area: int = SOURCE_AREA
 
     @cached_property
     def pipeline(self) -> Any:
@@ -65,55 +68,71 @@ class EditPrompts(PipelinePrompts):
 
     @torch.no_grad()
     def encode(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
-        """Each prompt's instruction read with its source image, and the source latents (fp32 on the CPU)."""
+        """Each prompt's instruction read with its source images, and their latents (fp32 on the CPU)."""
         from PIL import Image
 
-        parsed = [parse_edit_prompt(prompt) for prompt in prompts]
+        parsed = [parse_edit_sources(prompt) for prompt in prompts]
         edits = [i for i, edit in enumerate(parsed) if edit is not None]
         plain = [i for i, edit in enumerate(parsed) if edit is None]
         parts = []
         if edits:
-            images = [self.source_image(parsed[i][1], prompt=prompts[i]) for i in edits]  # type: ignore[index]
+            images = [self.source_images(parsed[i][1], prompt=prompts[i]) for i in edits]  # type: ignore[index]
             parts.append(self.encode_edits([parsed[i][0] for i in edits], images))  # type: ignore[index]
         if plain:
-            black = [Image.new("RGB", (64, 64))] * len(plain)
+            black = [[Image.new("RGB", (64, 64))] * self.sources] * len(plain)
             parts.append(self.encode_edits([prompts[i] for i in plain], black, source_latents=False))
         order = torch.argsort(torch.tensor(edits + plain))
         return _padded_cat(parts).index(order)
+
+    def source_images(self, digests: tuple[str, ...], *, prompt: str) -> list[Any]:
+        """The RGB source images of an edit prompt, refused unless it names ``sources`` of them."""
+        if len(digests) != self.sources:
+            raise FlowpostError(
+                f"edit prompt {prompt!r} names {len(digests)} source image(s); {self.family.family} reads "
+                f"{self.sources} here",
+                where="conditions",
+            )
+        return [self.source_image(digest, prompt=prompt) for digest in digests]
 
     @torch.no_grad()
     def encode_edits(
         self, instructions: list[str], images: list[Any], *, source_latents: bool = True
     ) -> ConditionBatch:
-        """As the stock pipeline's ``__call__`` prepares an edit: each square source resized to ``SOURCE_AREA``,
-        read with its instruction by ``encode_prompt``, and VAE-encoded (the posterior's mode, normalised by
-        the VAE's statistics) then packed 2x2; the packed latents flattened into ``pooled`` (zeros without
-        ``source_latents``)."""
+        """As the stock pipeline's ``__call__`` prepares an edit: each square source (``images[i]``: a PIL image,
+        or a list of them) resized to ``condition_area`` and read with its instruction by ``encode_prompt``, and
+        resized to ``SOURCE_AREA`` and VAE-encoded (the posterior's mode, normalised by the VAE's statistics)
+        then packed 2x2; each row's packed latents, source after source, flattened into ``pooled`` (zeros
+        without ``source_latents``)."""
         from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
         pipeline, device = self.pipeline, torch.device(self.device)
-        if any(image.width != image.height for image in images):
+        rows = [list(image) if isinstance(image, (list, tuple)) else [image] for image in images]
+        if any(image.width != image.height for row in rows for image in row):
             raise FlowpostError(
                 "edit source images are square here (the dataset's preprocessing crops them); got "
-                f"{[image.size for image in images if image.width != image.height][0]}",
+                f"{next(image.size for row in rows for image in row if image.width != image.height)}",
                 where="conditions",
             )
-        width, height, _ = calculate_dimensions(SOURCE_AREA, 1.0)
-        resized = [pipeline.image_processor.resize(image, height, width) for image in images]
-        embeds, mask = pipeline.encode_prompt(
-            prompt=instructions, image=resized, device=device, max_sequence_length=self.max_length
-        )
-        if mask is None:  # the pipeline drops a mask without padding
-            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        if source_latents:
-            pixels = pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)
-            latents = pipeline._encode_vae_image(pixels.to(device, torch.float32), generator=None)
-            batch, channels, _, rows, columns = latents.shape
-            packed = pipeline._pack_latents(latents, batch, channels, rows, columns).reshape(batch, -1)
-        else:
-            cells = (height // pipeline.vae_scale_factor // 2) * (width // pipeline.vae_scale_factor // 2)
-            packed = torch.zeros(len(images), cells * pipeline.latent_channels * 4)
-        return ConditionBatch(embeds.float().cpu(), mask.to("cpu", torch.int8), packed.float().cpu())
+        side, _, _ = calculate_dimensions(SOURCE_AREA, 1.0)
+        read, _, _ = calculate_dimensions(self.condition_area, 1.0)
+        parts = []
+        for instruction, row in zip(instructions, rows, strict=True):  # one edit at a time: the stock batch
+            condition = [pipeline.image_processor.resize(image, read, read) for image in row]
+            embeds, mask = pipeline.encode_prompt(
+                prompt=[instruction], image=condition, device=device, max_sequence_length=self.max_length
+            )
+            if mask is None:  # the pipeline drops a mask without padding
+                mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+            if source_latents:
+                pixels = pipeline.image_processor.preprocess(row, side, side).unsqueeze(2)
+                latents = pipeline._encode_vae_image(pixels.to(device, torch.float32), generator=None)
+                count, channels, _, height, width = latents.shape
+                packed = pipeline._pack_latents(latents, count, channels, height, width).reshape(1, -1)
+            else:
+                cells = (side // pipeline.vae_scale_factor // 2) ** 2 * len(row)
+                packed = torch.zeros(1, cells * pipeline.latent_channels * 4)
+            parts.append(ConditionBatch(embeds.float().cpu(), mask.to("cpu", torch.int8), packed.float().cpu()))
+        return _padded_cat(parts)
 
 
 def _padded_cat(parts: list[ConditionBatch]) -> ConditionBatch:

@@ -1,5 +1,5 @@
-"""The condition state of an edit family: the instruction's token states (read with the source image) and
-mask, and the source image's packed latents with their patch grid."""
+"""The condition state of an edit family: the instruction's token states (read with the source images) and
+mask, and each source image's packed latents with their patch grid."""
 
 from __future__ import annotations
 
@@ -17,31 +17,34 @@ from flowpost.core.models.text_state import MaskedTextState
 
 @dataclass
 class EditState(MaskedTextState):
-    """``MaskedTextState`` plus ``source_latents`` ``[B, S, C]``: the source's packed latent tokens, on a
-    square grid of ``S`` tokens.
+    """``MaskedTextState`` plus ``source_latents`` ``[B, S, C]``: the packed latent tokens of ``sources`` source
+    images one after another, each on a square grid of ``S / sources`` tokens.
 
     The condition cache holds them flattened in each row's ``pooled`` vector (``S * C`` values), as the
     conditions node wrote them; ``from_edit_batch`` unflattens them."""
 
     source_latents: Tensor
+    sources: int = 1
 
     @classmethod
-    def from_edit_batch(cls, batch: ConditionBatch, channels: int) -> Self:
-        """The text state of ``batch`` and its ``pooled`` rows as ``[B, S, channels]`` source tokens."""
+    def from_edit_batch(cls, batch: ConditionBatch, channels: int, sources: int = 1) -> Self:
+        """The text state of ``batch`` and its ``pooled`` rows as ``[B, S, channels]`` tokens of ``sources``
+        square grids."""
         text = MaskedTextState.from_batch(batch)
-        tokens = batch.pooled.shape[1] // channels
-        if tokens == 0 or tokens * channels != batch.pooled.shape[1] or math.isqrt(tokens) ** 2 != tokens:
+        tokens, grid = batch.pooled.shape[1] // channels, batch.pooled.shape[1] // (channels * sources)
+        grids = "square grid" if sources == 1 else f"{sources} square grids"
+        if grid == 0 or grid * channels * sources != batch.pooled.shape[1] or math.isqrt(grid) ** 2 != grid:
             raise ValueError(
-                f"cached rows of {batch.pooled.shape[1]} source values are no square grid of {channels}-channel "
-                "latent tokens; re-run the conditions node with this family's pipeline"
+                f"cached rows of {batch.pooled.shape[1]} source values are no {grids} of {channels}-channel latent "
+                "tokens; re-run the conditions node with this family's pipeline (and model.options.sources)"
             )
         source = batch.pooled.reshape(len(batch), tokens, channels)
-        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source)
+        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source, sources)
 
     @property
     def source_grid(self) -> int:
-        """The side of the source's square grid of packed tokens."""
-        return math.isqrt(int(self.source_latents.shape[1]))
+        """The side of each source's square grid of packed tokens."""
+        return math.isqrt(int(self.source_latents.shape[1]) // self.sources)
 
     def text(self) -> MaskedTextState:
         """The token states and mask alone."""
@@ -50,10 +53,12 @@ class EditState(MaskedTextState):
     def index(self, rows: Tensor | list[int]) -> Self:
         rows_t = torch.as_tensor(rows, dtype=torch.long)
         text = self.text().index(rows_t)
-        return type(self)(text.encoder_hidden_states, text.encoder_attention_mask, self.source_latents[rows_t])
+        return type(self)(
+            text.encoder_hidden_states, text.encoder_attention_mask, self.source_latents[rows_t], self.sources
+        )
 
     @classmethod
     def cat(cls, states: Sequence[Self]) -> Self:
         text = MaskedTextState.cat([s.text() for s in states])
         source = torch.cat([s.source_latents for s in states])
-        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source)
+        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source, states[0].sources)

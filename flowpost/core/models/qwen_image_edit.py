@@ -35,16 +35,22 @@ class QwenImageEditAdapter(QwenImageAdapter):
     pipeline_class: ClassVar[str] = "QwenImageEditPipeline"
     samples_with_cfg: ClassVar[bool] = False
 
+    condition_area: ClassVar[int] = SOURCE_AREA  # the pixels Qwen2.5-VL reads each source at
+
     @classmethod
     def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> EditPrompts:
-        """The edit pipeline's encoders for the conditions node (bf16 on a GPU; the VAE always fp32)."""
+        """The edit pipeline's encoders for the conditions node (bf16 on a GPU; the VAE always fp32); the node
+        sets the number of ``sources`` its edit prompts name."""
         encoder = EditPrompts.for_conditions(cls, source, max_length=max_length)
         assert isinstance(encoder, EditPrompts)
+        encoder.condition_area = cls.condition_area
         return encoder
 
     @cached_property
     def text_encoders(self) -> EditPrompts:
-        return EditPrompts(type(self), self.source, self.encoder_max_length)
+        return EditPrompts(
+            type(self), self.source, self.encoder_max_length, sources=self.sources, condition_area=self.condition_area
+        )
 
     def encode_edits(self, instructions: list[str], images: list[Any]) -> ConditionBatch:
         """The conditions of ``instructions`` applied to the PIL ``images``, as the conditions node caches them."""
@@ -55,16 +61,21 @@ class QwenImageEditAdapter(QwenImageAdapter):
         return {PROCESSOR: load_image_text_processor(self.source)}
 
     @property
+    def sources(self) -> int:
+        """The source images of one edit."""
+        return 1
+
+    @property
     def condition_tokens(self) -> int:
-        """The packed tokens of a square source at the stock pipeline's 1024 x 1024 pixels."""
-        return (math.isqrt(SOURCE_AREA) // (self.vae_scale_factor * 2)) ** 2
+        """The packed tokens of the square sources at the stock pipeline's 1024 x 1024 pixels."""
+        return (math.isqrt(SOURCE_AREA) // (self.vae_scale_factor * 2)) ** 2 * self.sources
 
     def prepare_condition_state(self, batch: ConditionBatch) -> EditState:
-        return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels))
+        return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels), self.sources)
 
     def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
-        """The transformer on the noisy tokens followed by the source's, at ``timestep = sigma``, with both
-        patch grids; the velocity of the noisy tokens, in the latents' dtype."""
+        """The transformer on the noisy tokens followed by the sources', at ``timestep = sigma``, with every
+        patch grid; the velocity of the noisy tokens, in the latents' dtype."""
         assert isinstance(state, EditState)
         batch, tokens, device, dtype = latents.shape[0], latents.shape[1], latents.device, latents.dtype
         mask = state.mask()
@@ -75,7 +86,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
             timestep=torch.as_tensor(sigma, dtype=dtype, device=device).expand(batch),
             encoder_hidden_states=state.encoder_hidden_states.to(device=device, dtype=dtype),
             encoder_hidden_states_mask=None if mask is None else mask.to(device),
-            img_shapes=[[(1, half, half), (1, grid, grid)]] * batch,
+            img_shapes=[[(1, half, half), *[(1, grid, grid)] * state.sources]] * batch,
             return_dict=False,
         )[0][:, :tokens]
 
