@@ -38,12 +38,13 @@ BENCH = Path(__file__).resolve().parent
 TESTS = BENCH.parent / "tests"
 sys.path[:0] = [str(TESTS)]
 
-from process_memory import anonymous, mapped_files, mapped_resident, peak, reset_peak  # noqa: E402
+from process_memory import anonymous, mapped_resident, mapped_tensors, peak, reset_peak  # noqa: E402
 from shape_faithful.build import CHECKPOINTS, build_folder  # noqa: E402
 
 from flowpost.core.callbacks.base import Callback  # noqa: E402
 
 FINGERPRINT = "preflight-bench-encoders"
+TEXT_TOKENS = 128  # the condition cache's token length, as the estimate's conditions declare it
 PROMPTS = ["a red cat", "a blue car", "a green tree", "a white house"]
 VARIANTS: dict[str, dict[str, Any]] = {  # the stage's model and train sections on top of the common ones
     "lora": {"model": {"lora": {"rank": 32, "alpha": 32}}, "train": {}},
@@ -107,7 +108,7 @@ def prepare(root: Path, checkpoint: str, resolution: int) -> Path:
         write_json_atomic(data / "train" / "manifest.json", write_shards(records, data / "train"))
     conditions = root / "conditions"
     if not conditions.is_dir():
-        encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=128)
+        encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=TEXT_TOKENS)
         try:
             update_condition_cache(conditions, ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=encoder.encode)
         finally:
@@ -125,9 +126,21 @@ class StepPeak(Callback):
         self.bytes = 0
 
     def on_step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        weights = mapped_files(".safetensors")
+        weights = mapped_tensors(".safetensors", tensor_storages())
         self.bytes = max(self.bytes, peak() - mapped_resident() + weights)
         reset_peak()
+
+
+def tensor_storages() -> dict[int, int]:
+    """The storages of the live CPU tensors: where each starts, its bytes."""
+    import torch
+
+    found = {}
+    for item in gc.get_objects():
+        if isinstance(item, torch.Tensor) and item.device.type == "cpu" and item.layout is torch.strided:
+            storage = item.untyped_storage()
+            found[storage.data_ptr()] = storage.nbytes()
+    return found
 
 
 def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: int) -> dict[str, Any]:
@@ -158,7 +171,7 @@ def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: i
     baseline = anonymous()
     trainer = build_trainer(spec)
     trainer.adapter.vae_on(trainer.accelerator.device)  # else loaded by the first encode, its bf16 copy in the peak
-    loaded = anonymous() + mapped_files(".safetensors") - baseline
+    loaded = anonymous() + mapped_tensors(".safetensors", tensor_storages()) - baseline
     recorder = StepPeak()
     trainer.callbacks.callbacks["step_peak"] = recorder
     gc.collect()
@@ -179,7 +192,13 @@ def estimate(root: Path, checkpoint: str, variant: str, resolution: int, steps: 
         "datasets": {
             "images": {"source": "image-folder", "path": str(TESTS / "data" / "folder"), "preprocess": {"mode": "rgb"}}
         },
-        "conditions": {"text": {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["images"]}},
+        "conditions": {
+            "text": {
+                "model": {"family": family, "pretrained": str(folder)},
+                "datasets": ["images"],
+                "max_length": TEXT_TOKENS,
+            }
+        },
         "stages": {"sft": {**stage, "data": {"dataset": "images", "conditions": "text"}}},
         "evaluate": {"after": []},
     }
