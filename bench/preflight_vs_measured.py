@@ -5,14 +5,16 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
                                           [--variants lora full ...] [--resolution 128] [--steps 2]
 
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
-kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process. The
+kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process
+(``full-high``: Wan2.2-A14B's high-noise expert trained whole beside the frozen low-noise one). The
 process first computes the preflight's estimate for the stage's config on one process (which imports the
 family's classes), then reads its anonymous resident memory (the baseline), builds the stage, loads its VAE
 (else the first encode loads it, its bf16 copy in that step's peak: host memory on a GPU) and runs ``--steps``
-optimizer steps. Torch's CPU allocator keeps no statistics, so the resident set
+optimizer steps (its output folder deleted after them). Torch's CPU allocator keeps no statistics, so the resident set
 stands in for them, made to follow live tensors: glibc returns every freed block over 64 KiB at once
-(``MALLOC_MMAP_THRESHOLD_``, no allocator caching); file-backed pages (library code) are left out; weights that
-the loader mapped from ``.safetensors`` files count whole, as a GPU holds them. Each step's peak resident set is
+(``MALLOC_MMAP_THRESHOLD_``, no allocator caching); file-backed pages (library code) are left out; the tensors that
+the loader mapped from ``.safetensors`` files count whole, as a GPU holds them (a file stays mapped for any tensor
+it kept: the FLUX.2 VAE's batch-norm step counter kept its 0.16 GiB file, converted to fp32, mapped). Each step's peak resident set is
 reset at the end of the previous step (``/proc/self/clear_refs``); the measured figure is the largest step peak
 above the baseline (the checkpoint and final weights, written after the last step, are left out: on a GPU they
 are written from host memory). The Python heap and library buffers the steps allocate still count there, not in
@@ -49,6 +51,8 @@ PROMPTS = ["a red cat", "a blue car", "a green tree", "a white house"]
 VARIANTS: dict[str, dict[str, Any]] = {  # the stage's model and train sections on top of the common ones
     "lora": {"model": {"lora": {"rank": 32, "alpha": 32}}, "train": {}},
     "full": {"model": {}, "train": {}},
+    # Wan2.2-A14B: the high-noise expert trained whole, the low-noise one frozen (both whole: 18 GiB, over 15)
+    "full-high": {"model": {"options": {"experts": "high"}}, "train": {}},
 }
 GOAL = 0.25
 CHILD_ENV = {  # one thread; glibc hands every block over 64 KiB back on free, so the resident set follows live tensors
@@ -77,8 +81,8 @@ def stage_config(checkpoint: str, folder: Path, variant: str, resolution: int, s
         "family": family,
         "pretrained": str(folder),
         "torch_dtype": "bfloat16",
-        "options": family_options(family, resolution),
         **extra["model"],
+        "options": {**family_options(family, resolution), **extra["model"].get("options", {})},
     }
     train = {"lr": 1e-5, "batch_size": 2, "max_steps": steps, "checkpoint_every": 0, "warmup_steps": 0}
     return {"trainer": "sft", "model": model, "train": {**train, **extra["train"]}}
@@ -177,6 +181,7 @@ def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: i
     gc.collect()
     reset_peak()
     trainer.start()
+    shutil.rmtree(out)  # its checkpoint and export: gigabytes
     return {**estimated, "loaded_bytes": loaded, "measured_bytes": recorder.bytes - baseline}
 
 
