@@ -6,20 +6,19 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
 
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
 kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process
-(``full-high``: Wan2.2-A14B's high-noise expert trained whole beside the frozen low-noise one). The
-process first computes the preflight's estimate for the stage's config on one process (which imports the
-family's classes), then reads its anonymous resident memory (the baseline), builds the stage, loads its VAE
-(else the first encode loads it, its bf16 copy in that step's peak: host memory on a GPU) and runs ``--steps``
-optimizer steps (its output folder deleted after them). Torch's CPU allocator keeps no statistics, so the resident set
-stands in for them, made to follow live tensors: glibc returns every freed block over 64 KiB at once
-(``MALLOC_MMAP_THRESHOLD_``, no allocator caching); file-backed pages (library code) are left out; the tensors that
-the loader mapped from ``.safetensors`` files count whole, as a GPU holds them (a file stays mapped for any tensor
-it kept: the FLUX.2 VAE's batch-norm step counter kept its 0.16 GiB file, converted to fp32, mapped). Each step's peak resident set is
-reset at the end of the previous step (``/proc/self/clear_refs``); the measured figure is the largest step peak
-above the baseline (the checkpoint and final weights, written after the last step, are left out: on a GPU they
-are written from host memory). The Python heap and library buffers the steps allocate still count there, not in
-the estimate. Goal: the measurement within +-25 % of the estimate. Writes
-``WORKSPACE/preflight_vs_measured.json``.
+(``full-high``: Wan2.2-A14B's high-noise expert trained whole beside the frozen low-noise one). The process first
+computes the preflight's estimate for the stage's config on one process (which imports the family's classes), then
+reads its anonymous resident memory (the baseline), builds the stage, loads its VAE (else the first encode loads it,
+its bf16 copy in that step's peak: host memory on a GPU) and runs ``--steps`` optimizer steps (its output folder
+deleted after them). Torch's CPU allocator keeps no statistics, so the resident set stands in for them, made to
+follow live tensors: glibc returns every freed block over 64 KiB at once (``MALLOC_MMAP_THRESHOLD_``, no allocator
+caching); file-backed pages (library code) are left out; the tensors that the loader mapped from ``.safetensors``
+files count whole, as a GPU holds them (a file stays mapped for any tensor it kept: the FLUX.2 VAE's batch-norm step
+counter kept its 0.16 GiB file, converted to fp32, mapped). Each step's peak resident set is reset at the end of the
+previous step (``/proc/self/clear_refs``); the measured figure is the largest step peak above the baseline (the
+checkpoint and final weights, written after the last step, are left out: on a GPU they are written from host
+memory). The Python heap and library buffers the steps allocate still count there, not in the estimate. Goal: the
+measurement within +-25 % of the estimate. Writes ``WORKSPACE/preflight_vs_measured.json``.
 """
 
 from __future__ import annotations
