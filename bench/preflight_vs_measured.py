@@ -217,7 +217,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
     parser.add_argument("--checkpoints", nargs="+", default=list(CHECKPOINTS), choices=list(CHECKPOINTS))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=["lora", "full"], choices=list(VARIANTS))
     parser.add_argument("--resolution", type=int, default=128)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--measure", nargs=2, metavar=("CHECKPOINT", "VARIANT"), help=argparse.SUPPRESS)
