@@ -5,19 +5,20 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
                                           [--variants lora full ...] [--resolution 128] [--steps 2]
 
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
-kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process. The
-process first computes the preflight's estimate for the stage's config on one process (which imports the
-family's classes), then reads its anonymous resident memory (the baseline), builds the stage, loads its VAE
-(else the first encode loads it, its bf16 copy in that step's peak: host memory on a GPU) and runs ``--steps``
-optimizer steps. Torch's CPU allocator keeps no statistics, so the resident set
-stands in for them, made to follow live tensors: glibc returns every freed block over 64 KiB at once
-(``MALLOC_MMAP_THRESHOLD_``, no allocator caching); file-backed pages (library code) are left out; weights that
-the loader mapped from ``.safetensors`` files count whole, as a GPU holds them. Each step's peak resident set is
-reset at the end of the previous step (``/proc/self/clear_refs``); the measured figure is the largest step peak
-above the baseline (the checkpoint and final weights, written after the last step, are left out: on a GPU they
-are written from host memory). The Python heap and library buffers the steps allocate still count there, not in
-the estimate. Goal: the measurement within +-25 % of the estimate. Writes
-``WORKSPACE/preflight_vs_measured.json``.
+kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process
+(``full-high``: Wan2.2-A14B's high-noise expert trained whole beside the frozen low-noise one). The process first
+computes the preflight's estimate for the stage's config on one process (which imports the family's classes), then
+reads its anonymous resident memory (the baseline), builds the stage, loads its VAE (else the first encode loads it,
+its bf16 copy in that step's peak: host memory on a GPU) and runs ``--steps`` optimizer steps (its output folder
+deleted after them). Torch's CPU allocator keeps no statistics, so the resident set stands in for them, made to
+follow live tensors: glibc returns every freed block over 64 KiB at once (``MALLOC_MMAP_THRESHOLD_``, no allocator
+caching); file-backed pages (library code) are left out; the tensors that the loader mapped from ``.safetensors``
+files count whole, as a GPU holds them (a file stays mapped for any tensor it kept: the FLUX.2 VAE's batch-norm step
+counter kept its 0.16 GiB file, converted to fp32, mapped). Each step's peak resident set is reset at the end of the
+previous step (``/proc/self/clear_refs``); the measured figure is the largest step peak above the baseline (the
+checkpoint and final weights, written after the last step, are left out: on a GPU they are written from host
+memory). The Python heap and library buffers the steps allocate still count there, not in the estimate. Goal: the
+measurement within +-25 % of the estimate. Writes ``WORKSPACE/preflight_vs_measured.json``.
 """
 
 from __future__ import annotations
@@ -38,16 +39,19 @@ BENCH = Path(__file__).resolve().parent
 TESTS = BENCH.parent / "tests"
 sys.path[:0] = [str(TESTS)]
 
-from process_memory import anonymous, mapped_files, mapped_resident, peak, reset_peak  # noqa: E402
+from process_memory import anonymous, mapped_resident, mapped_tensors, peak, reset_peak  # noqa: E402
 from shape_faithful.build import CHECKPOINTS, build_folder  # noqa: E402
 
 from flowpost.core.callbacks.base import Callback  # noqa: E402
 
 FINGERPRINT = "preflight-bench-encoders"
+TEXT_TOKENS = 128  # the condition cache's token length, as the estimate's conditions declare it
 PROMPTS = ["a red cat", "a blue car", "a green tree", "a white house"]
 VARIANTS: dict[str, dict[str, Any]] = {  # the stage's model and train sections on top of the common ones
     "lora": {"model": {"lora": {"rank": 32, "alpha": 32}}, "train": {}},
     "full": {"model": {}, "train": {}},
+    # Wan2.2-A14B: the high-noise expert trained whole, the low-noise one frozen (both whole: 18 GiB, over 15)
+    "full-high": {"model": {"options": {"experts": "high"}}, "train": {}},
 }
 GOAL = 0.25
 CHILD_ENV = {  # one thread; glibc hands every block over 64 KiB back on free, so the resident set follows live tensors
@@ -76,8 +80,8 @@ def stage_config(checkpoint: str, folder: Path, variant: str, resolution: int, s
         "family": family,
         "pretrained": str(folder),
         "torch_dtype": "bfloat16",
-        "options": family_options(family, resolution),
         **extra["model"],
+        "options": {**family_options(family, resolution), **extra["model"].get("options", {})},
     }
     train = {"lr": 1e-5, "batch_size": 2, "max_steps": steps, "checkpoint_every": 0, "warmup_steps": 0}
     return {"trainer": "sft", "model": model, "train": {**train, **extra["train"]}}
@@ -107,7 +111,7 @@ def prepare(root: Path, checkpoint: str, resolution: int) -> Path:
         write_json_atomic(data / "train" / "manifest.json", write_shards(records, data / "train"))
     conditions = root / "conditions"
     if not conditions.is_dir():
-        encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=128)
+        encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=TEXT_TOKENS)
         try:
             update_condition_cache(conditions, ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=encoder.encode)
         finally:
@@ -125,9 +129,21 @@ class StepPeak(Callback):
         self.bytes = 0
 
     def on_step_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        weights = mapped_files(".safetensors")
+        weights = mapped_tensors(".safetensors", tensor_storages())
         self.bytes = max(self.bytes, peak() - mapped_resident() + weights)
         reset_peak()
+
+
+def tensor_storages() -> dict[int, int]:
+    """The storages of the live CPU tensors: where each starts, its bytes."""
+    import torch
+
+    found = {}
+    for item in gc.get_objects():
+        if isinstance(item, torch.Tensor) and item.device.type == "cpu" and item.layout is torch.strided:
+            storage = item.untyped_storage()
+            found[storage.data_ptr()] = storage.nbytes()
+    return found
 
 
 def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: int) -> dict[str, Any]:
@@ -158,12 +174,13 @@ def measure(root: Path, checkpoint: str, variant: str, resolution: int, steps: i
     baseline = anonymous()
     trainer = build_trainer(spec)
     trainer.adapter.vae_on(trainer.accelerator.device)  # else loaded by the first encode, its bf16 copy in the peak
-    loaded = anonymous() + mapped_files(".safetensors") - baseline
+    loaded = anonymous() + mapped_tensors(".safetensors", tensor_storages()) - baseline
     recorder = StepPeak()
     trainer.callbacks.callbacks["step_peak"] = recorder
     gc.collect()
     reset_peak()
     trainer.start()
+    shutil.rmtree(out)  # its checkpoint and export: gigabytes
     return {**estimated, "loaded_bytes": loaded, "measured_bytes": recorder.bytes - baseline}
 
 
@@ -179,7 +196,13 @@ def estimate(root: Path, checkpoint: str, variant: str, resolution: int, steps: 
         "datasets": {
             "images": {"source": "image-folder", "path": str(TESTS / "data" / "folder"), "preprocess": {"mode": "rgb"}}
         },
-        "conditions": {"text": {"model": {"family": family, "pretrained": str(folder)}, "datasets": ["images"]}},
+        "conditions": {
+            "text": {
+                "model": {"family": family, "pretrained": str(folder)},
+                "datasets": ["images"],
+                "max_length": TEXT_TOKENS,
+            }
+        },
         "stages": {"sft": {**stage, "data": {"dataset": "images", "conditions": "text"}}},
         "evaluate": {"after": []},
     }
@@ -194,7 +217,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workspace", type=Path, default=Path("bench-ws"))
     parser.add_argument("--checkpoints", nargs="+", default=list(CHECKPOINTS), choices=list(CHECKPOINTS))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=["lora", "full"], choices=list(VARIANTS))
     parser.add_argument("--resolution", type=int, default=128)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--measure", nargs=2, metavar=("CHECKPOINT", "VARIANT"), help=argparse.SUPPRESS)

@@ -27,17 +27,18 @@ def mapped_resident() -> int:
     return status_bytes("RssFile") + status_bytes("RssShmem")
 
 
-def mapped_files(suffix: str) -> int:
-    """Bytes of the files mapped whole whose path ends with ``suffix``, resident or not (``.safetensors``: weights
-    that a loader mapped rather than copied; the kernel pages in only what the steps read, where a GPU holds all)."""
-    total, name = 0, ""
-    for line in Path("/proc/self/smaps").read_text().splitlines():
+def mapped_tensors(suffix: str, storages: dict[int, int]) -> int:
+    """Bytes of the live tensor storages (``storages``: address to size) that lie in files mapped whole whose path
+    ends with ``suffix`` (``.safetensors``: weights that a loader mapped rather than copied, counted whole though
+    the kernel pages in only what the steps read, as a GPU holds them; a file whose weights the loader converted
+    to another dtype stays mapped for any small tensor it kept, which is all that counts)."""
+    spans = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
         fields = line.split()
-        if fields and not fields[0].endswith(":"):  # a mapping's header: range, perms, offset, dev, inode[, path]
-            name = fields[5] if len(fields) > 5 else ""
-        elif fields[:1] == ["Size:"] and name.endswith(suffix):
-            total += int(fields[1]) * 1024
-    return total
+        if len(fields) > 5 and fields[5].endswith(suffix):
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            spans.append((start, end))
+    return sum(size for address, size in storages.items() if any(a <= address < b for a, b in spans))
 
 
 def anonymous() -> int:

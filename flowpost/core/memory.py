@@ -14,6 +14,13 @@ first blocks). LoRA adds each adapted layer's rank-wide
 intermediate per token (what its up-projection keeps for backward), so it grows with the rank: the ranks
 summed over the layers, taken as ``trainable / (2 * hidden)`` (each layer about ``hidden`` wide on both
 sides), over every token (a layer of one stream of a dual-stream block sees fewer: an upper bound).
+Backward holds, on top of the kept activations, the gradient at the output of a block's widest projection
+(``backward_transient``): a fused projection (FLUX.2's single-stream blocks project to q, k, v and both halves of
+the gated MLP in one layer, nine times the width) is split after it, and autograd materialises each split's
+gradient at the full width before summing them: ``SPLIT_GRADIENT_BUFFERS`` buffers of the widest output per
+token at once (two split gradients and their sum; an upper bound for a projection that is not split, whose
+gradient takes one or two). At one block of each kind it is as large as the kept activations; at a published
+depth it is one block's share.
 The VAE (``codec``) is held whole, in fp32, by every process that encodes or decodes; a stage that encodes its
 media each step also needs the encoder's activations (``codec_activations``: the most bytes its encode of one
 micro-batch holds at once, traced on the meta device), which come and go before the transformer's forward, so the
@@ -35,6 +42,7 @@ from flowpost.core.trainers.eight_bit import STATE_BYTES_PER_VALUE
 ADAM_MOMENTS = 2  # AdamW's exp_avg and exp_avg_sq, in the parameter's dtype
 SNAPSHOT_ITEMSIZE = 4  # roles.Snapshots holds fp32 copies
 ACTIVATION_BYTES = 34  # per token, hidden unit and transformer block in 16-bit
+SPLIT_GRADIENT_BUFFERS = 3  # the widest projection's output gradients backward holds at once
 GIB = 1024**3
 
 
@@ -50,12 +58,13 @@ class MemoryEstimate:
     codec: float = 0.0
     host: float = 0.0  # offloaded snapshots and VAE, in this process's host memory: not in ``total``
     codec_activations: float = 0.0  # the VAE encode's, freed before the transformer's forward
+    backward_transient: float = 0.0  # the widest projection's output gradients, on top of the kept activations
 
     @property
     def total(self) -> float:
         """Bytes on the device."""
         held = self.weights + self.gradients + self.optimizer + self.snapshots + self.codec
-        return held + max(self.activations, self.codec_activations)
+        return held + max(self.activations + self.backward_transient, self.codec_activations)
 
 
 def estimate_memory(
@@ -101,7 +110,14 @@ def estimate_memory(
         codec=0.0 if hosted_codec else codec_bytes,
         host=hosted_snapshots * footprint.trainable * SNAPSHOT_ITEMSIZE + (codec_bytes if hosted_codec else 0.0),
         codec_activations=codec_activation_bytes,
+        backward_transient=micro_batch * backward_transient_bytes(footprint, text_tokens, activation_itemsize),
     )
+
+
+def backward_transient_bytes(footprint: ModelFootprint, text_tokens: int, activation_itemsize: int) -> float:
+    """Bytes of one sample's gradients at the widest projection's output that backward holds at once."""
+    tokens = footprint.image_tokens + text_tokens
+    return SPLIT_GRADIENT_BUFFERS * tokens * footprint.widest_projection * activation_itemsize
 
 
 def activation_bytes(footprint: ModelFootprint, *, text_tokens: int, activation_itemsize: int, lora: bool) -> float:

@@ -236,13 +236,15 @@ COLUMNS = (
 
 
 def cells(row: StageMemory) -> list[str]:
-    """``row`` as the ``COLUMNS`` of a table: parameter counts in billions or millions, memory in GiB (``host``:
-    what ``offload`` keeps in each process's host memory instead)."""
+    """``row`` as the ``COLUMNS`` of a table: parameter counts in billions or millions, memory in GiB (``activations``:
+    the kept ones with backward's transient gradients; ``host``: what ``offload`` keeps in each process's host
+    memory instead)."""
     head = [row.stage, row.family, row.fine_tune, str(row.world_size)]
     if row.estimate is None or row.footprint is None:
         return [*head, row.note, *[""] * (len(COLUMNS) - len(head) - 1)]
     e = row.estimate
-    held = (e.weights, e.gradients, e.optimizer, e.snapshots, e.activations, e.codec, e.codec_activations)
+    activations = e.activations + e.backward_transient
+    held = (e.weights, e.gradients, e.optimizer, e.snapshots, activations, e.codec, e.codec_activations)
     parts = (*held, e.total, e.host)
     return [*head, params_text(row.footprint.trainable), *(f"{part / GIB:.1f}" for part in parts)]
 

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from diffusers.models.transformers.transformer_flux2 import Flux2SingleTransformerBlock
 
-from flowpost.core.memory import ACTIVATION_BYTES, ADAM_MOMENTS, SNAPSHOT_ITEMSIZE, estimate_memory
+from flowpost.core.live_bytes import LiveBytes
+from flowpost.core.memory import (
+    ACTIVATION_BYTES,
+    ADAM_MOMENTS,
+    SNAPSHOT_ITEMSIZE,
+    SPLIT_GRADIENT_BUFFERS,
+    estimate_memory,
+)
 from flowpost.core.models.footprint import ModelFootprint
 
 FULL = ModelFootprint(
@@ -86,3 +95,35 @@ def test_the_vae_encode_and_the_transformers_activations_peak_one_after_the_othe
     held = small.weights + small.gradients + small.optimizer + small.snapshots + 500
     assert small.codec_activations == 10 and small.total == held + small.activations
     assert large.total == held + 10**6 > held + large.activations
+
+
+def test_backward_holds_the_widest_projections_output_gradients_on_top_of_the_kept_activations() -> None:
+    """Three gradients of the widest projection's output per token (a fused projection's split), per sample; they
+    add to the kept activations, and the VAE encode's peak still takes the larger of the two."""
+    fused = ModelFootprint(**{**LORA.__dict__, "widest_projection": 72})  # nine times the width of 8
+    tokens = 10 + 6
+    one, two = _estimate(fused), _estimate(fused, micro_batch=2, activation_itemsize=4)
+    assert one.backward_transient == SPLIT_GRADIENT_BUFFERS * tokens * 72 * 2
+    assert two.backward_transient == 2 * 2 * one.backward_transient
+    assert _estimate(LORA).backward_transient == 0  # no linear layer in its blocks
+    held = one.weights + one.gradients + one.optimizer + one.snapshots
+    assert one.total == held + one.activations + one.backward_transient
+    encode = one.activations + one.backward_transient + 1
+    assert _estimate(fused, codec_activation_bytes=encode).total == held + encode
+
+
+def test_a_flux2_single_stream_blocks_backward_holds_two_to_three_of_its_fused_outputs_gradients() -> None:
+    """What ``SPLIT_GRADIENT_BUFFERS`` stands for, run: backward through a FLUX.2 single-stream block (frozen bf16
+    weights, as under LoRA) holds more than two and at most three gradients of its fused projection's output, with
+    the block's input and output gradients beside them."""
+    torch.manual_seed(0)
+    block = Flux2SingleTransformerBlock(64, 2, 32).to(torch.bfloat16).requires_grad_(False)
+    widest = max(layer.out_features for layer in block.modules() if isinstance(layer, torch.nn.Linear))
+    hidden = torch.randn(2, 100, 64, dtype=torch.bfloat16, requires_grad=True)
+    loss = block(hidden, None, torch.randn(2, 3 * 64, dtype=torch.bfloat16), text_seq_len=0).float().square().sum()
+    with LiveBytes() as live:
+        loss.backward()
+    fused_gradient = hidden.shape[0] * hidden.shape[1] * widest * 2
+    around = hidden.numel() * (4 + 2)  # the output's gradient in fp32, the input's in bf16
+    assert widest == 9 * 64
+    assert 2 * fused_gradient < live.peak <= SPLIT_GRADIENT_BUFFERS * fused_gradient + around

@@ -210,6 +210,17 @@ def test_both_wan22_a14b_experts_count_and_one_runs_each_sample(tmp_path: Path) 
     assert row.estimate.weights > 2 * 2 * 14.28e9  # both experts' bf16 weights
 
 
+def test_flux2_klein_s_widest_projection_is_its_single_stream_blocks_fused_one(tmp_path: Path) -> None:
+    """FLUX.2-klein-base-4B's single-stream blocks project to q, k, v (3 x 3072) and the gated MLP's two halves
+    (2 x 3 x 3072) in one layer: the backward transient is sized on its 27648 outputs, under LoRA as without."""
+    pipeline = _shape_pipeline(tmp_path, {"rank": 32}, shape="flux2-klein-base-4b", family="flux2-klein")
+    [row] = stage_memory(validate_pipeline(pipeline))
+    assert row.footprint is not None and row.estimate is not None
+    assert row.footprint.hidden == 3072 and row.footprint.widest_projection == 9 * 3072
+    tokens = row.footprint.image_tokens + 16  # the conditions' default max_length
+    assert row.estimate.backward_transient == 3 * tokens * 9 * 3072 * 2  # one bf16 sample
+
+
 def test_buffers_count_with_the_weights(tmp_path: Path) -> None:
     """SD3.5-Medium keeps its sin-cos position table (384 x 384 positions x 1536) as a buffer, in bf16 beside the
     weights: 0.42 GiB that a parameter count alone leaves out."""

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 from flowpost.core.models.base import ModelAdapter
 from flowpost.core.models.block_checkpointing import checkpointed_blocks
 from flowpost.core.models.compile import repeated_blocks
@@ -27,6 +29,7 @@ class ModelFootprint:
     image_tokens: int  # latent tokens of one sample (frames included), with its conditions' image tokens
     checkpointed: int  # gradient checkpointing: the blocks whose activations are recomputed in backward
     pixels: tuple[int, ...] = ()  # one sample's pixels as its VAE encodes them; () without a VAE
+    widest_projection: int = 0  # the widest linear output in the repeated blocks (a fused projection's whole width)
 
 
 def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
@@ -36,16 +39,26 @@ def model_footprint(adapter: ModelAdapter) -> ModelFootprint:
     trainable = [p for p in params if p.requires_grad]
     config = network.config  # type: ignore[attr-defined]
     routed = int(getattr(network, "routed_experts", 1))  # experts of which one runs each sample (Wan2.2-A14B's)
+    blocks = repeated_blocks(network)
     return ModelFootprint(
         parameters=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in trainable),
         weight_bytes=sum(tensor_bytes(p) for p in params) + sum(tensor_bytes(b) for b in network.buffers()),
         trainable_bytes=sum(tensor_bytes(p) for p in trainable),
-        blocks=len(repeated_blocks(network)) // routed,
+        blocks=len(blocks) // routed,
         hidden=attention_width(config),
         image_tokens=image_tokens(adapter) + adapter.condition_tokens,
         checkpointed=checkpointed_blocks(network) // routed,
         pixels=tuple(getattr(adapter, "pixel_shape", ())),
+        widest_projection=widest_projection(blocks),
+    )
+
+
+def widest_projection(blocks: list[nn.Module]) -> int:
+    """The most output features of a linear layer in ``blocks`` (FLUX.2's single-stream blocks project to
+    attention's q, k, v and the gated MLP's two halves in one layer, nine times the width)."""
+    return max(
+        (layer.out_features for block in blocks for layer in block.modules() if isinstance(layer, nn.Linear)), default=0
     )
 
 
