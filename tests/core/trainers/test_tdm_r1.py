@@ -9,7 +9,7 @@ import torch
 from flowpost.core.config.loading import load_pipeline, pipeline_to_dict, validate_pipeline
 from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.distill.distribution_matching import tdm_generator_loss
-from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR
+from flowpost.core.trainers.distill.scores import FAKE_SCORE, GENERATOR, ScorePair
 from flowpost.core.trainers.distill.tdm import TDMTrainer
 from flowpost.core.trainers.distill.tdm_r1 import SURROGATE, TDMR1Trainer, reward_tilted_x0
 from flowpost.errors import FlowpostError
@@ -166,3 +166,20 @@ def test_configurations_it_cannot_run_are_refused_at_validate_time_with_their_pa
     del no_reward["stages"]["r1"]["rewards"]
     with pytest.raises(FlowpostError, match=r"stages\.r1"):
         validate_pipeline(no_reward)
+
+
+def test_the_guided_surrogate_adds_its_guidance_to_the_target(make_trainer, tmp_path):
+    """Before any update the surrogate is the teacher: ``x0_cond + w (x0_guided(g) - x0_cond)`` is the teacher's
+    x0 with guidance ``1 + w (g - 1)``."""
+    trainer = _tdm_r1(make_trainer, tmp_path, iterations=1, reward_weight=0.5, surrogate_guidance=3.0)
+    assert trainer.null is not None  # the surrogate's guidance needs the null prompt, the teacher's does not
+    prompts = [p for p in trainer.conditions.prompts if p][:2]
+    state = trainer.adapter.prepare_condition_state(trainer.conditions.lookup(prompts))
+    x = torch.randn(2, *trainer.adapter.latent_shape, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.3, 0.8])
+    negative = trainer.negative_state(2)
+    target = trainer.target_x0(x, sigma, state, negative)
+    teacher = ScorePair(trainer.adapter, 2.0).real_x0(x, sigma, state, negative)
+    torch.testing.assert_close(target, teacher, rtol=1e-4, atol=1e-5)
+    unguided = ScorePair(trainer.adapter, 1.0).real_x0(x, sigma, state, None)
+    assert (target - unguided).abs().mean() > 1e-3  # the guidance moved it

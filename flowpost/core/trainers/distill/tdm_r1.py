@@ -4,8 +4,10 @@ A third trainable role, the ``surrogate`` (a flow model that starts as the teach
 the states of each group's trajectories, re-noised inside a step as TDM re-noises them, its x0 errors
 against a reference form DGPO's group preference logit, weighted by the group advantages of the reward.
 Its implicit reward ``log p_surrogate / p_teacher`` tilts the distribution the generator is matched to:
-``p_teacher (p_surrogate / p_teacher)^w``, whose x0 prediction is ``x0_real + w (x0_surrogate - x0_teacher)``.
-TDM's generator and fake-score updates run unchanged against that target; with ``w = 0`` they are TDM's.
+``p_teacher (p_surrogate / p_teacher)^w``, whose x0 prediction is ``x0_real + w (x0_surrogate - x0_teacher)``,
+the surrogate's prediction taken with its own classifier-free guidance (``surrogate_guidance``, the
+reference code's ``rl_cfg``). TDM's generator and fake-score updates run unchanged against that target; with
+``w = 0`` they are TDM's.
 The preference reference is a fast EMA of the surrogate (TDM-R1's dynamic reference) or its start weights.
 """
 
@@ -18,7 +20,7 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor
 
-from flowpost.core.conditions import ConditionState
+from flowpost.core.conditions import NULL_PROMPT, ConditionState
 from flowpost.core.contracts import ONLINE_EXECUTION_CONTRACT, ExecutionContract
 from flowpost.core.snapshots import Snapshot
 from flowpost.core.trainers.arguments import whole_groups
@@ -44,6 +46,12 @@ class TDMR1Arguments(TDMArguments):
     group_size: int = Field(4, ge=1, description="samples per prompt compared by the surrogate's group preference")
     reward_weight: float = Field(
         1.0, ge=0, description="w of the target p_teacher (p_surrogate / p_teacher)^w; 0: TDM's generator updates"
+    )
+    surrogate_guidance: float = Field(
+        1.0,
+        ge=0,
+        description="classifier-free guidance of the surrogate's x0 in the generator's target, against its own "
+        "null-prompt prediction; 1: conditional only",
     )
     beta_dpo: float = Field(2000.0, gt=0, description="scale of the group logit beta_dpo / G sum_j A_j (e_j - e_ref_j)")
     surrogate_kl: float = Field(
@@ -102,6 +110,8 @@ class TDMR1Trainer(TDMTrainer):
         super().setup()
         self.plan = RoleUpdatePlan(((FAKE_SCORE, self.args.ttur), (GENERATOR, 1), (SURROGATE, 1)))
         self.unguided = ScorePair(self.adapter, 1.0)  # the teacher without guidance: the surrogate's start
+        if self.null is None and self.args.surrogate_guidance != 1.0:
+            self.null = self.conditions.lookup([NULL_PROMPT])
         self.reference = Snapshot.REFERENCE if self.args.dynamic_reference else Snapshot.TEACHER
         if self.args.dynamic_reference:
             with self.adapter.use_component_variant(SURROGATE):
@@ -122,14 +132,24 @@ class TDMR1Trainer(TDMTrainer):
             with torch.no_grad(), self.adapter.use_snapshot(self.reference):
                 return x0_from_velocity(x, sigma, self.adapter.velocity(x, sigma, state))
 
+    def guided_surrogate_x0(
+        self, x: Tensor, sigma: Tensor, state: ConditionState, negative: ConditionState | None
+    ) -> Tensor:
+        """Without gradients: the surrogate's x0 prediction with guidance ``surrogate_guidance``."""
+        with torch.no_grad(), self.adapter.use_component_variant(SURROGATE):
+            velocity = self.adapter.forward(x, sigma, state, guidance=self.args.surrogate_guidance, negative=negative)
+        return x0_from_velocity(x, sigma, velocity)
+
     def target_x0(self, x_t: Tensor, sigma_t: Tensor, state: ConditionState, negative: ConditionState | None) -> Tensor:
-        """The reward-tilted teacher's x0 prediction: ``x0_real + w (x0_surrogate - x0_teacher)``."""
+        """The reward-tilted teacher's x0 prediction: ``x0_real + w (x0_surrogate - x0_teacher)``, the surrogate
+        guided by ``surrogate_guidance`` and the teacher without guidance."""
         real = super().target_x0(x_t, sigma_t, state, negative)
         weight = self.args.reward_weight
         if weight == 0:
             return real
         teacher = real if self.args.real_guidance == 1.0 else self.unguided.real_x0(x_t, sigma_t, state, None)
-        return reward_tilted_x0(real, self.surrogate_x0(x_t, sigma_t, state), teacher, weight)
+        surrogate = self.guided_surrogate_x0(x_t, sigma_t, state, negative)
+        return reward_tilted_x0(real, surrogate, teacher, weight)
 
     def group_draws(self, batch: Rollout, tag: str) -> UpdateDraws:
         """Draws addressed by group id: every row of a group gets its group's step, sigma and noise."""
