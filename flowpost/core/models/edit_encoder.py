@@ -1,53 +1,81 @@
-"""An edit family's conditions: each instruction read by Qwen2.5-VL with its source image, and the source's
-packed VAE latents, computed as the stock edit pipeline computes them and cached together in one row."""
+"""An edit family's conditions: each instruction (read with its source image where the family's text encoder
+sees images) and the source's packed VAE latents, computed as the family's stock edit pipeline computes them and
+cached together in one row."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
+from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.edit_prompts import parse_edit_prompt, source_file
-from flowpost.core.models.image_text_processor import load_image_text_processor
-from flowpost.core.models.pipeline_prompts import PipelinePrompts
+from flowpost.core.models.pipeline_prompts import PipelinePrompts, PromptFamily
+from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.errors import FlowpostError
 
-SOURCE_AREA = 1024 * 1024  # the stock edit pipeline reads its source at this many pixels, at its aspect ratio
+
+class EditFamily(PromptFamily, Protocol):
+    """What ``EditPrompts`` reads of an edit family class besides its text encoders."""
+
+    vae_class: ClassVar[str]  # the diffusers class of the ``vae`` component
+
+    @classmethod
+    def edit_components(cls, source: PretrainedSource) -> dict[str, Any]:
+        """Pipeline components the encoding reads besides the text encoders and the VAE (e.g. a processor)."""
+        ...
+
+    @staticmethod
+    def edit_conditions(
+        pipeline: Any,
+        instructions: list[str],
+        images: list[Any],
+        *,
+        device: torch.device,
+        max_length: int,
+        sources: bool,
+    ) -> ConditionBatch:
+        """The conditions of ``instructions`` applied to the square PIL ``images`` (``sources=False``: zero source
+        latents, for a prompt without a source)."""
+        ...
+
+
+def packed_sources(pipeline: Any, pixels: Tensor, *, encode: bool = True) -> Tensor:
+    """The stock pipeline's source latents of preprocessed ``pixels``: the VAE posterior's mode normalised as the
+    pipeline normalises it, packed 2x2 and flattened per row (fp32); zeros of that size without ``encode``."""
+    if not encode:
+        cells = (pixels.shape[-2] // pipeline.vae_scale_factor // 2) * (
+            pixels.shape[-1] // pipeline.vae_scale_factor // 2
+        )
+        return torch.zeros(len(pixels), cells * pipeline.latent_channels * 4)
+    device = next(pipeline.vae.parameters()).device
+    latents = pipeline._encode_vae_image(pixels.to(device, torch.float32), generator=None)
+    batch, channels, *_, rows, columns = latents.shape
+    return pipeline._pack_latents(latents, batch, channels, rows, columns).reshape(batch, -1).float()
 
 
 @dataclass
 class EditPrompts(PipelinePrompts):
-    """The edit pipeline's text encoder, processor and VAE (fp32), loaded on first use.
+    """The edit pipeline's text encoders, extra components and VAE (fp32), loaded on first use.
 
     ``encode`` takes edit prompts (``instruction [source DIGEST]``) whose source images lie in one of
     ``source_dirs`` (a dataset's ``assets/``); a plain prompt (the null prompt) is read with a black square and
     has zero source latents (the latents' mean: no source).
     """
 
+    family: type[EditFamily]  # type: ignore[assignment]
     source_dirs: tuple[Path, ...] = ()
 
-    @cached_property
-    def pipeline(self) -> Any:
+    def components(self) -> dict[str, Any]:
         import diffusers
-        import transformers
 
-        self.source.check_components()
-        (encoder, tokenizer), *_ = self.family.text_models
         vae_source = dataclasses.replace(self.source, torch_dtype="float32")
-        pipeline = getattr(diffusers, self.family.pipeline_class)(
-            transformer=None,
-            scheduler=None,
-            vae=vae_source.load("vae", diffusers.AutoencoderKLQwenImage),
-            text_encoder=self.source.load("text_encoder", getattr(transformers, encoder)),
-            tokenizer=self.source.load("tokenizer", getattr(transformers, tokenizer), weights=False),
-            processor=load_image_text_processor(self.source),
-        )
-        return pipeline.to(self.device)
+        vae = vae_source.load("vae", getattr(diffusers, self.family.vae_class))
+        return {**super().components(), "vae": vae, **self.family.edit_components(self.source)}
 
     def source_image(self, digest: str, *, prompt: str) -> Any:
         """The RGB source image of ``digest`` from the first of ``source_dirs`` holding it."""
@@ -85,35 +113,25 @@ class EditPrompts(PipelinePrompts):
     def encode_edits(
         self, instructions: list[str], images: list[Any], *, source_latents: bool = True
     ) -> ConditionBatch:
-        """As the stock pipeline's ``__call__`` prepares an edit: each square source resized to ``SOURCE_AREA``,
-        read with its instruction by ``encode_prompt``, and VAE-encoded (the posterior's mode, normalised by
-        the VAE's statistics) then packed 2x2; the packed latents flattened into ``pooled`` (zeros without
-        ``source_latents``)."""
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
-
-        pipeline, device = self.pipeline, torch.device(self.device)
+        """As the family's stock pipeline prepares an edit of each square source (``edit_conditions``); fp32 on the
+        CPU, the mask int8."""
         if any(image.width != image.height for image in images):
             raise FlowpostError(
                 "edit source images are square here (the dataset's preprocessing crops them); got "
                 f"{[image.size for image in images if image.width != image.height][0]}",
                 where="conditions",
             )
-        width, height, _ = calculate_dimensions(SOURCE_AREA, 1.0)
-        resized = [pipeline.image_processor.resize(image, height, width) for image in images]
-        embeds, mask = pipeline.encode_prompt(
-            prompt=instructions, image=resized, device=device, max_sequence_length=self.max_length
+        batch = self.family.edit_conditions(
+            self.pipeline,
+            instructions,
+            images,
+            device=torch.device(self.device),
+            max_length=self.max_length,
+            sources=source_latents,
         )
-        if mask is None:  # the pipeline drops a mask without padding
-            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        if source_latents:
-            pixels = pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)
-            latents = pipeline._encode_vae_image(pixels.to(device, torch.float32), generator=None)
-            batch, channels, _, rows, columns = latents.shape
-            packed = pipeline._pack_latents(latents, batch, channels, rows, columns).reshape(batch, -1)
-        else:
-            cells = (height // pipeline.vae_scale_factor // 2) * (width // pipeline.vae_scale_factor // 2)
-            packed = torch.zeros(len(images), cells * pipeline.latent_channels * 4)
-        return ConditionBatch(embeds.float().cpu(), mask.to("cpu", torch.int8), packed.float().cpu())
+        return ConditionBatch(
+            batch.token_states.float().cpu(), batch.token_mask.to("cpu", torch.int8), batch.pooled.float().cpu()
+        )
 
 
 def _padded_cat(parts: list[ConditionBatch]) -> ConditionBatch:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
-from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
-from flowpost.core.models.edit_encoder import SOURCE_AREA, EditPrompts
+from flowpost.core.models.edit_encoder import packed_sources
+from flowpost.core.models.edit_family import SOURCE_SIDE, EditAdapter
 from flowpost.core.models.edit_state import EditState
 from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
 from flowpost.core.models.pretrained import PretrainedSource
@@ -18,7 +17,7 @@ from flowpost.core.models.qwen_image import QwenImageAdapter
 from flowpost.errors import FlowpostError
 
 
-class QwenImageEditAdapter(QwenImageAdapter):
+class QwenImageEditAdapter(EditAdapter, QwenImageAdapter):
     """Qwen-Image's transformer, VAE and scheduler conditioned on an instruction and a source image: the
     instruction is read by Qwen2.5-VL together with the source (the edit template), and the source's packed
     latents follow the noisy latents along the token sequence, with their own patch grid for RoPE; the velocity
@@ -36,28 +35,33 @@ class QwenImageEditAdapter(QwenImageAdapter):
     samples_with_cfg: ClassVar[bool] = False
 
     @classmethod
-    def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> EditPrompts:
-        """The edit pipeline's encoders for the conditions node (bf16 on a GPU; the VAE always fp32)."""
-        encoder = EditPrompts.for_conditions(cls, source, max_length=max_length)
-        assert isinstance(encoder, EditPrompts)
-        return encoder
-
-    @cached_property
-    def text_encoders(self) -> EditPrompts:
-        return EditPrompts(type(self), self.source, self.encoder_max_length)
-
-    def encode_edits(self, instructions: list[str], images: list[Any]) -> ConditionBatch:
-        """The conditions of ``instructions`` applied to the PIL ``images``, as the conditions node caches them."""
-        return self.text_encoders.encode_edits(instructions, images)
-
-    def pipeline_components(self) -> dict[str, Any]:
+    def edit_components(cls, source: PretrainedSource) -> dict[str, Any]:
         """The processor, for images and text (``image_text_processor.py``)."""
-        return {PROCESSOR: load_image_text_processor(self.source)}
+        return {PROCESSOR: load_image_text_processor(source)}
 
-    @property
-    def condition_tokens(self) -> int:
-        """The packed tokens of a square source at the stock pipeline's 1024 x 1024 pixels."""
-        return (math.isqrt(SOURCE_AREA) // (self.vae_scale_factor * 2)) ** 2
+    @staticmethod
+    def edit_conditions(
+        pipeline: Any,
+        instructions: list[str],
+        images: list[Any],
+        *,
+        device: torch.device,
+        max_length: int,
+        sources: bool,
+    ) -> ConditionBatch:
+        """As the stock pipeline's ``__call__`` prepares an edit: each square source resized to ``SOURCE_SIDE``,
+        read with its instruction by ``encode_prompt``, and its packed latents (``packed_sources``) in ``pooled``."""
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+        width, height, _ = calculate_dimensions(SOURCE_SIDE * SOURCE_SIDE, 1.0)
+        resized = [pipeline.image_processor.resize(image, height, width) for image in images]
+        embeds, mask = pipeline.encode_prompt(
+            prompt=instructions, image=resized, device=device, max_sequence_length=max_length
+        )
+        if mask is None:  # the pipeline drops a mask without padding
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        pixels = pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)
+        return ConditionBatch(embeds, mask, packed_sources(pipeline, pixels, encode=sources))
 
     def prepare_condition_state(self, batch: ConditionBatch) -> EditState:
         return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels))

@@ -1,0 +1,52 @@
+"""What an edit family adds to the text-to-image family it extends: conditions that read a source image
+(``EditPrompts``), the source's tokens in the memory preflight, and the components its pipeline export loads."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, ClassVar
+
+from flowpost.core.conditions import ConditionBatch
+from flowpost.core.models.edit_encoder import EditPrompts
+from flowpost.core.models.pretrained import PretrainedSource
+
+SOURCE_SIDE = 1024  # the side the stock edit pipelines read a square source at
+
+
+class EditAdapter:
+    """A mixin placed before a ``PipelineFamily``: its conditions node and ``encode_conditions`` read edit prompts
+    (``instruction [source DIGEST]``) with their source images; the family implements ``edit_conditions``."""
+
+    source_side: ClassVar[int] = SOURCE_SIDE
+    source: PretrainedSource
+    encoder_max_length: int
+    vae_scale_factor: int
+
+    @classmethod
+    def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> EditPrompts:
+        """The edit pipeline's encoders for the conditions node (bf16 on a GPU; the VAE always fp32)."""
+        encoder = EditPrompts.for_conditions(cls, source, max_length=max_length)  # type: ignore[arg-type]
+        assert isinstance(encoder, EditPrompts)
+        return encoder
+
+    @cached_property
+    def text_encoders(self) -> EditPrompts:
+        return EditPrompts(type(self), self.source, self.encoder_max_length)  # type: ignore[arg-type]
+
+    def encode_edits(self, instructions: list[str], images: list[Any]) -> ConditionBatch:
+        """The conditions of ``instructions`` applied to the PIL ``images``, as the conditions node caches them."""
+        return self.text_encoders.encode_edits(instructions, images)
+
+    @classmethod
+    def edit_components(cls, source: PretrainedSource) -> dict[str, Any]:
+        """Pipeline components read besides the text encoders and the VAE (none here)."""
+        return {}
+
+    def pipeline_components(self) -> dict[str, Any]:
+        """What ``edit_components`` loads, for ``save_pipeline``."""
+        return self.edit_components(self.source)
+
+    @property
+    def condition_tokens(self) -> int:
+        """The packed tokens of a square source at ``source_side`` pixels."""
+        return (self.source_side // (self.vae_scale_factor * 2)) ** 2
