@@ -204,3 +204,31 @@ def test_conditions_and_sampling_from_source_images_match_the_stock_pipeline(ada
     with torch.no_grad():
         latents = sample_ode(adapter, noise, state.index([0]), adapter.inference_sigmas(STEPS))
     torch.testing.assert_close(latents, expected, rtol=0, atol=1e-5)
+
+
+def _example(folder: Path, **options: Any) -> dict[str, Any]:
+    """``examples/flux1-kontext.yaml`` on a local folder, its SFT stage's options replaced."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parents[3] / "examples" / "flux1-kontext.yaml").read_text())
+    config["conditions"]["kontext"]["model"]["pretrained"] = str(folder)
+    for stage in config["stages"].values():
+        stage["model"]["pretrained"] = str(folder)
+    config["stages"]["sft"]["model"]["options"] = options
+    return config
+
+
+def test_validation_names_each_bad_setting(flux1_kontext_pipeline_dir: Path, flux1_pipeline_dir: Path) -> None:
+    from flowpost.core.config.loading import validate_pipeline
+
+    validate_pipeline(_example(flux1_kontext_pipeline_dir, resolution=RESOLUTION))
+    refused = {
+        "resolution": (100, r"stages\.sft\.model\.options\.resolution: .*multiple of 16"),
+        "distilled_guidance": ("high", r"stages\.sft\.model\.options\.distilled_guidance: .*give a number"),
+        "true_cfg": (2.0, r"stages\.sft\.model\.options: family 'flux1-kontext' has no option true_cfg"),
+    }
+    for option, (value, message) in refused.items():
+        with pytest.raises(FlowpostError, match=message):
+            validate_pipeline(_example(flux1_kontext_pipeline_dir, **{option: value}))
+    with pytest.raises(FlowpostError, match=r"stages\.sft\.model\.pretrained: .*FluxPipeline.*FluxKontextPipeline"):
+        validate_pipeline(_example(flux1_pipeline_dir))
