@@ -8,7 +8,9 @@ The builder applies the only shrinks (``docs/shapes/SOURCES.md``): transformer `
 counts to 1 (Qwen2.5-VL's vision tower too), ``vocab_size`` to the local tokenizer's, and the special-token
 ids a text-encoder config names to the same tokens' ids in that tokenizer. FLUX.2's pipelines read hidden
 states of deep text-encoder layers (dev: 10, 20, 30; klein: 9, 18, 27): their encoders keep that many layers,
-each with one attention head and a 128-wide MLP, at the published hidden size. Nothing is downloaded.
+each with one attention head and a 128-wide MLP, at the published hidden size. A checkpoint whose component
+configs equal another's (FLUX.1-Kontext-dev: FLUX.1-dev's) keeps only its ``model_index.json`` and links the other
+folder's components (``linked_folder``). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -38,11 +40,15 @@ class Checkpoint:
     family: str
     width: int
     init_dtype: torch.dtype = torch.float32  # the dtype its random transformer is drawn in before the cast to bf16
+    configs_of: str | None = None  # the checkpoint whose published component configs (and built components) it shares
 
 
 CHECKPOINTS: dict[str, Checkpoint] = {
     "sd3.5-medium": Checkpoint("stabilityai/stable-diffusion-3.5-medium", "sd3", 1536),
     "flux1-dev": Checkpoint("black-forest-labs/FLUX.1-dev", "flux1", 3072),
+    "flux1-kontext-dev": Checkpoint(
+        "black-forest-labs/FLUX.1-Kontext-dev", "flux1-kontext", 3072, configs_of="flux1-dev"
+    ),
     "qwen-image": Checkpoint("Qwen/Qwen-Image", "qwen-image", 3072),
     "wan2.1-t2v-1.3b": Checkpoint("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan2", 1536),
     "wan2.2-ti2v-5b": Checkpoint("Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan2", 3072),
@@ -70,7 +76,8 @@ def published(checkpoint: str, component: str) -> dict[str, Any]:
     if component == "model_index":
         return json.loads((CONFIGS / checkpoint / "model_index.json").read_text())
     name = "scheduler_config.json" if component == "scheduler" else "config.json"
-    return json.loads((CONFIGS / checkpoint / component / name).read_text())
+    owner = CHECKPOINTS[checkpoint].configs_of or checkpoint
+    return json.loads((CONFIGS / owner / component / name).read_text())
 
 
 def transformer_config(checkpoint: str, component: str = "transformer") -> dict[str, Any]:
@@ -128,7 +135,7 @@ def tokenizers(checkpoint: str) -> dict[str, Any]:
     if family in ("wan2", "wan22-a14b"):
         return {"tokenizer": t5}
     clip = clip_tokenizer(max_length=CLIP_LENGTH)
-    if family == "flux1":
+    if family in ("flux1", "flux1-kontext"):
         return {"tokenizer": clip, "tokenizer_2": t5}
     return {"tokenizer": clip, "tokenizer_2": clip, "tokenizer_3": t5}
 
@@ -175,4 +182,22 @@ def build_folder(checkpoint: str, out: Path, *, seed: int = 0) -> Path:
                 parts[name] = value
         pipeline = getattr(diffusers, index["_class_name"])(**parts)
     pipeline.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def linked_folder(checkpoint: str, base: Path, out: Path) -> Path:
+    """The pipeline folder of ``checkpoint`` made of the components of ``base`` (the built folder of the checkpoint
+    it shares its configs with, ``configs_of``), linked, under its own published ``model_index.json`` classes."""
+    own, shared = (
+        published(checkpoint, "model_index"),
+        published(CHECKPOINTS[checkpoint].configs_of or "", "model_index"),
+    )
+    components = {name: value for name, value in own.items() if not name.startswith("_")}
+    if components != {name: value for name, value in shared.items() if not name.startswith("_")}:
+        raise ValueError(f"{checkpoint}'s published components are not those of {base}")
+    index = json.loads((base / "model_index.json").read_text())
+    out.mkdir(parents=True)
+    for name in components:
+        (out / name).symlink_to(base / name, target_is_directory=True)
+    (out / "model_index.json").write_text(json.dumps({**index, "_class_name": own["_class_name"]}, indent=2))
     return out

@@ -38,6 +38,7 @@ SIDE, FRAMES = 64, 5
 OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 x 5 video
     "sd3": {"resolution": 128},
     "flux1": {"resolution": 128},
+    "flux1-kontext": {"resolution": 128},
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "wan22-a14b": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
@@ -48,6 +49,7 @@ OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 
 MEDIA = {
     "sd3": (3, 128, 128),
     "flux1": (3, 128, 128),
+    "flux1-kontext": (3, 128, 128),
     "qwen-image": (3, 128, 128),
     "wan2": (3, FRAMES, SIDE, SIDE),
     "wan22-a14b": (3, FRAMES, SIDE, SIDE),
@@ -58,6 +60,7 @@ MEDIA = {
 DEFAULT_STEPS = {  # the stock num_inference_steps
     "sd3": 28,
     "flux1": 28,
+    "flux1-kontext": 28,
     "qwen-image": 50,
     "wan2": 50,
     "wan22-a14b": 50,
@@ -69,10 +72,12 @@ EXPERTS = "wan22-a14b"  # the family whose network is two experts: LoRA on both,
 FULL_OPTIONS = {EXPERTS: {"experts": "high"}}  # one 5120-wide expert in fp32 with AdamW, as Z-Image's 3840-wide
 # FLUX.2-dev's one-block transformer holds 2.2 B parameters: fp32 weights, gradients and AdamW moments would
 # take 35 GB, past what this tier runs on
-FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint != "flux2-dev"]
 # and its LoRA GRPO stage needs about 10 GB and longer than this whole tier's budget on a 2-core CPU: the dev
-# folder is checked by the stock pipeline, the adapter's load and the SDE grid; klein carries the family's rows
-LORA_TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint != "flux2-dev"]
+# folder is checked by the stock pipeline, the adapter's load and the SDE grid; klein carries the family's rows.
+# FLUX.1-Kontext-dev's transformer is FLUX.1-dev's (same config, same linked weights here), whose rows train it; its
+# stages would add the 4096 tokens of a 1024 px source to the 64 of each FLUX.1-dev sample here
+TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in ("flux2-dev", "flux1-kontext-dev")]
+FULL_FINE_TUNED = LORA_TRAINED = TRAINED
 LR = 1e-5
 
 
