@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
-from PIL import Image
+from edit_pairs import EDITS, write_edits
 from pretrained_stage import TINY_ROLLOUTS
 from tiny_qwen_image_edit_pipeline import INSTRUCTIONS, MAX_LENGTH, RESOLUTION, load_stock_edit_pipeline
 from tiny_vlm import build_tiny_vlm
@@ -23,28 +22,6 @@ from flowpost.core.events import read_events
 from flowpost.core.models.qwen_image_edit import QwenImageEditAdapter
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "qwen-image-edit.yaml"
-EDITS = 2
-
-
-def write_edits(folder: Path, count: int = EDITS) -> Path:
-    """``count`` random 40 px source and target PNGs and the table naming them with instructions."""
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True)
-    rows = []
-    for i in range(count):
-        for part in ("source", "target"):
-            pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(folder / f"{part}-{i}.png")
-        rows.append(
-            {
-                "instruction": INSTRUCTIONS[i % len(INSTRUCTIONS)],
-                "source": f"source-{i}.png",
-                "target": f"target-{i}.png",
-            }
-        )
-    table = folder / "pairs.jsonl"
-    table.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return table
 
 
 @pytest.mark.slow  # about 2 min here: a Prefect server, two stage processes, 1024 px sources
@@ -53,7 +30,7 @@ def test_edit_pairs_train_through_sft_and_grpo_and_export(qwen_image_edit_pipeli
     folder, judge = str(qwen_image_edit_pipeline_dir), str(build_tiny_vlm(tmp_path / "judge"))
     config["smoke"] = True
     config["datasets"]["edits"].update(
-        path=str(write_edits(tmp_path / "edits")),
+        path=str(write_edits(tmp_path / "edits", INSTRUCTIONS)),
         preprocess={"resolution": RESOLUTION, "mode": "rgb"},
         split={"eval": 0.0},
     )
