@@ -29,8 +29,9 @@ class EditFamily(PromptFamily, Protocol):
         """Pipeline components the encoding reads besides the text encoders and the VAE (e.g. a processor)."""
         ...
 
-    @staticmethod
+    @classmethod
     def edit_conditions(
+        cls,
         pipeline: Any,
         instructions: list[str],
         images: list[Any],

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any
 
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.models.edit_encoder import EditPrompts
@@ -17,7 +17,6 @@ class EditAdapter:
     """A mixin placed before a ``PipelineFamily``: its conditions node and ``encode_conditions`` read edit prompts
     (``instruction [source DIGEST]``) with their source images; the family implements ``edit_conditions``."""
 
-    source_side: ClassVar[int] = SOURCE_SIDE
     source: PretrainedSource
     encoder_max_length: int
     vae_scale_factor: int
@@ -46,7 +45,12 @@ class EditAdapter:
         """What ``edit_components`` loads, for ``save_pipeline``."""
         return self.edit_components(self.source)
 
+    @classmethod
+    def source_side(cls) -> int:
+        """The side in pixels the stock pipeline reads a square source at."""
+        return SOURCE_SIDE
+
     @property
     def condition_tokens(self) -> int:
         """The packed tokens of a square source at ``source_side`` pixels."""
-        return (self.source_side // (self.vae_scale_factor * 2)) ** 2
+        return (self.source_side() // (self.vae_scale_factor * 2)) ** 2

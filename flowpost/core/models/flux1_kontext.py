@@ -15,15 +15,6 @@ from flowpost.core.models.flux1 import Flux1Adapter
 from flowpost.core.models.pipeline_prompts import unmasked
 
 
-def preferred_square_side() -> int:
-    """The side of the stock pipeline's preferred resolution for a square source (its ``_auto_resize``)."""
-    from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
-
-    _, width, height = min((abs(1.0 - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
-    assert width == height, "the preferred resolutions hold a square one"
-    return width
-
-
 class Flux1KontextAdapter(EditAdapter, Flux1Adapter):
     """FLUX.1's transformer, VAE, text encoders and scheduler conditioned on an instruction and a source image:
     the source's packed latents follow the noisy latents along the token sequence, their image ids 1 in the
@@ -41,8 +32,9 @@ class Flux1KontextAdapter(EditAdapter, Flux1Adapter):
     encoder_name = "flux1-kontext"
     pipeline_class: ClassVar[str] = "FluxKontextPipeline"
 
-    @staticmethod
+    @classmethod
     def edit_conditions(
+        cls,
         pipeline: Any,
         instructions: list[str],
         images: list[Any],
@@ -54,7 +46,7 @@ class Flux1KontextAdapter(EditAdapter, Flux1Adapter):
         """As the stock pipeline's ``__call__`` prepares an edit: the instruction through ``encode_prompt``, each
         square source resized to the preferred side and VAE-encoded (``packed_sources``) after the pooled vector."""
         multiple = pipeline.vae_scale_factor * 2
-        side = preferred_square_side() // multiple * multiple
+        side = cls.source_side() // multiple * multiple
         resized = [pipeline.image_processor.resize(image, side, side) for image in images]
         embeds, pooled, _ = pipeline.encode_prompt(
             prompt=instructions, prompt_2=None, device=device, max_sequence_length=max_length
@@ -63,11 +55,14 @@ class Flux1KontextAdapter(EditAdapter, Flux1Adapter):
         latents = packed_sources(pipeline, pixels, encode=sources).to(pooled.device)
         return unmasked(embeds, torch.cat([pooled.float(), latents], dim=1))
 
-    @property
-    def condition_tokens(self) -> int:
-        """The packed tokens of a square source at the preferred side."""
-        multiple = self.vae_scale_factor * 2
-        return (preferred_square_side() // multiple) ** 2
+    @classmethod
+    def source_side(cls) -> int:
+        """The side of the stock pipeline's preferred resolution for a square source (its ``_auto_resize``)."""
+        from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
+
+        _, width, height = min((abs(1.0 - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
+        assert width == height, "the preferred resolutions hold a square one"
+        return width
 
     def prepare_condition_state(self, batch: ConditionBatch) -> PooledEditState:
         config = self.transformer.config

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
 from flowpost.core.models.edit_encoder import packed_sources
-from flowpost.core.models.edit_family import SOURCE_SIDE, EditAdapter
+from flowpost.core.models.edit_family import EditAdapter
 from flowpost.core.models.edit_state import EditState
 from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
 from flowpost.core.models.pretrained import PretrainedSource
@@ -39,8 +39,9 @@ class QwenImageEditAdapter(EditAdapter, QwenImageAdapter):
         """The processor, for images and text (``image_text_processor.py``)."""
         return {PROCESSOR: load_image_text_processor(source)}
 
-    @staticmethod
+    @classmethod
     def edit_conditions(
+        cls,
         pipeline: Any,
         instructions: list[str],
         images: list[Any],
@@ -49,11 +50,11 @@ class QwenImageEditAdapter(EditAdapter, QwenImageAdapter):
         max_length: int,
         sources: bool,
     ) -> ConditionBatch:
-        """As the stock pipeline's ``__call__`` prepares an edit: each square source resized to ``SOURCE_SIDE``,
+        """As the stock pipeline's ``__call__`` prepares an edit: each square source resized to ``source_side``,
         read with its instruction by ``encode_prompt``, and its packed latents (``packed_sources``) in ``pooled``."""
         from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
-        width, height, _ = calculate_dimensions(SOURCE_SIDE * SOURCE_SIDE, 1.0)
+        width, height, _ = calculate_dimensions(cls.source_side() ** 2, 1.0)
         resized = [pipeline.image_processor.resize(image, height, width) for image in images]
         embeds, mask = pipeline.encode_prompt(
             prompt=instructions, image=resized, device=device, max_sequence_length=max_length

@@ -24,7 +24,7 @@ from tiny_sd3_pipeline import T5_LENGTH
 
 from flowpost.core.conditions import ConditionBatch
 from flowpost.core.models.edit_state import PooledEditState
-from flowpost.core.models.flux1_kontext import Flux1KontextAdapter, preferred_square_side
+from flowpost.core.models.flux1_kontext import Flux1KontextAdapter
 from flowpost.core.models.pipeline_prompts import unmasked
 from flowpost.core.models.registry import load_adapter
 from flowpost.core.sampling.ode import sample_ode
@@ -93,7 +93,7 @@ def test_the_registry_loads_the_folder_as_a_flux1_family(adapter, flux1_kontext_
     assert adapter.latent_shape == (4, 64)  # 4x4 latents of 16 channels, packed 2x2
     assert adapter.transformer.config.guidance_embeds and adapter.distilled_guidance == 3.5
     assert adapter.guidance_distilled and adapter.describe()["pretrained"]["path"] == str(flux1_kontext_pipeline_dir)
-    assert preferred_square_side() == 1024 and adapter.condition_tokens == SOURCE_TOKENS
+    assert adapter.source_side() == 1024 and adapter.condition_tokens == SOURCE_TOKENS
 
 
 def test_the_ode_sampler_reproduces_the_stock_pipeline(adapter, stock, text) -> None:
