@@ -121,6 +121,15 @@ def qwen_image_edit_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 @pytest.fixture(scope="session")
+def qwen_image_edit_plus_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen-Image-Edit-Plus diffusers pipeline folder (``tests/tiny_qwen_image_edit_pipeline.py``)."""
+    from tiny_qwen_image_edit_pipeline import build_tiny_qwen_image_edit_pipeline
+
+    folder = tmp_path_factory.mktemp("qwen-image-edit-plus") / "pipeline"
+    return build_tiny_qwen_image_edit_pipeline(folder, pipeline_class="QwenImageEditPlusPipeline")
+
+
+@pytest.fixture(scope="session")
 def z_image_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Z-Image diffusers pipeline folder (``tests/tiny_z_image_pipeline.py``)."""
     from tiny_z_image_pipeline import build_tiny_z_image_pipeline

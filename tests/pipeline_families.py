@@ -5,7 +5,7 @@ from __future__ import annotations
 from tiny_flux1_kontext_pipeline import load_flux1_kontext_adapter
 from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_flux2_pipeline import load_flux2_adapter, load_flux2_klein_adapter
-from tiny_qwen_image_edit_pipeline import load_qwen_image_edit_adapter
+from tiny_qwen_image_edit_pipeline import load_qwen_image_edit_adapter, load_qwen_image_edit_plus_adapter
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
 from tiny_z_image_pipeline import load_z_image_adapter
@@ -20,5 +20,12 @@ PIPELINE_FAMILIES = {  # loader, pipeline folder fixture, stage data fixture, th
     "qwen-image": (load_qwen_image_adapter, "qwen_image_pipeline_dir", "qwen_image_data_dirs", 4.0),
     # seeded edit conditions (4x4 source tokens); sampled without true CFG
     "qwen-image-edit": (load_qwen_image_edit_adapter, "qwen_image_edit_pipeline_dir", "qwen_image_edit_data_dirs", 1.0),
+    # two seeded sources of 4x4 tokens per edit
+    "qwen-image-edit-plus": (
+        load_qwen_image_edit_plus_adapter,
+        "qwen_image_edit_plus_pipeline_dir",
+        "qwen_image_edit_plus_data_dirs",
+        1.0,
+    ),
     "z-image": (load_z_image_adapter, "z_image_pipeline_dir", "z_image_data_dirs", 5.0),  # guidance_scale 4
 }

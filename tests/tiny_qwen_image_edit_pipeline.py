@@ -1,5 +1,5 @@
-"""A tiny random ``QwenImageEditPipeline`` (a Qwen2.5-VL with a one-block vision tower, a tokenizer trained here,
-a ``Qwen2VLProcessor`` that reads a 56 px view of the source) saved as a folder."""
+"""A tiny random ``QwenImageEditPipeline`` or ``QwenImageEditPlusPipeline`` (a Qwen2.5-VL with a one-block vision
+tower, a tokenizer trained here, a ``Qwen2VLProcessor`` that reads a 56 px view of each source) saved as a folder."""
 
 from __future__ import annotations
 
@@ -117,19 +117,18 @@ _VISION_IDS = {
 }
 
 
-def build_tiny_qwen_image_edit_pipeline(folder: Path, *, seed: int = 0) -> Path:
-    """Assemble a random Qwen-Image-Edit pipeline (a few MB) and save it to ``folder``."""
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImageEditPipeline,
-        QwenImageTransformer2DModel,
-    )
+def build_tiny_qwen_image_edit_pipeline(
+    folder: Path, *, seed: int = 0, pipeline_class: str = "QwenImageEditPipeline"
+) -> Path:
+    """Assemble a random Qwen-Image-Edit pipeline (``pipeline_class``: the Edit-Plus one too; a few MB) and save it
+    to ``folder``."""
+    import diffusers
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
     tokenizer = edit_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        pipeline = QwenImageEditPipeline(
+        pipeline = getattr(diffusers, pipeline_class)(
             transformer=QwenImageTransformer2DModel(**TRANSFORMER),
             scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
             vae=AutoencoderKLQwenImage(**VAE),
@@ -141,37 +140,53 @@ def build_tiny_qwen_image_edit_pipeline(folder: Path, *, seed: int = 0) -> Path:
     return folder
 
 
-def load_stock_edit_pipeline(folder: Path) -> Any:
-    """The stock ``QwenImageEditPipeline`` from ``folder``, its processor loaded for images and text."""
-    from diffusers import QwenImageEditPipeline
+def load_stock_edit_pipeline(folder: Path, pipeline_class: str = "QwenImageEditPipeline") -> Any:
+    """The stock ``pipeline_class`` from ``folder``, its processor loaded for images and text."""
+    import diffusers
 
     from flowpost.core.models.image_text_processor import load_image_text_processor
     from flowpost.core.models.pretrained import PretrainedSource
 
     processor = load_image_text_processor(PretrainedSource(str(folder)))
-    return QwenImageEditPipeline.from_pretrained(folder, processor=processor)
+    return getattr(diffusers, pipeline_class).from_pretrained(folder, processor=processor)
 
 
-def seeded_edit_states(prompts: list[str], *, grid: int = 4) -> Any:
+def seeded_edit_states(prompts: list[str], *, grid: int = 4, sources: int = 1) -> Any:
     """Seeded edit conditions without an encoder, one generator per prompt: 5 token states of ``TEXT_WIDTH``
-    (the last padding in every row after the first), and ``grid x grid`` packed source tokens of 64 channels
-    flattened in ``pooled``."""
+    (the last padding in every row after the first), and ``sources`` grids of ``grid x grid`` packed source tokens
+    of 64 channels flattened in ``pooled``."""
     from flowpost.core.conditions import ConditionBatch
 
     generators = [torch.Generator().manual_seed(sum(map(ord, prompt)) + grid) for prompt in prompts]
     states = torch.stack([torch.randn(5, TEXT_WIDTH, generator=g) for g in generators])
     mask = torch.ones(len(prompts), 5, dtype=torch.int8)
     mask[1:, -1] = 0
-    source = torch.stack([torch.randn(grid * grid * 64, generator=g) for g in generators])
+    source = torch.stack([torch.randn(sources * grid * grid * 64, generator=g) for g in generators])
     return ConditionBatch(states * mask.unsqueeze(-1), mask, source)
 
 
-def load_qwen_image_edit_adapter(folder: Path, **options: Any) -> Any:
-    """The qwen-image-edit family loaded from ``folder`` through the registry, at this pipeline's length and size."""
+def load_qwen_image_edit_adapter(folder: Path, *, family: str = "qwen-image-edit", **options: Any) -> Any:
+    """The ``family`` (qwen-image-edit, or qwen-image-edit-plus with ``sources``) loaded from ``folder`` through the
+    registry, at this pipeline's length and size; ``options`` are the source's."""
     from flowpost.core.models.pretrained import PretrainedSource
     from flowpost.core.models.registry import adapter_class
 
+    family_options = {"sources": options.pop("sources")} if "sources" in options else {}
     source = PretrainedSource(str(folder), **options)
-    adapter = adapter_class("qwen-image-edit").from_pipeline(source, resolution=RESOLUTION)
+    adapter = adapter_class(family).from_pipeline(source, resolution=RESOLUTION, **family_options)
     adapter.encoder_max_length = MAX_LENGTH
     return adapter
+
+
+PLUS_SOURCES = 2  # the tiny Edit-Plus stages' sources per edit
+
+
+def load_qwen_image_edit_plus_adapter(folder: Path, **options: Any) -> Any:
+    """The qwen-image-edit-plus family from ``folder``, reading ``PLUS_SOURCES`` sources per edit unless
+    ``options`` set ``sources``."""
+    return load_qwen_image_edit_adapter(folder, family="qwen-image-edit-plus", **{"sources": PLUS_SOURCES, **options})
+
+
+def seeded_plus_states(prompts: list[str]) -> Any:
+    """``seeded_edit_states`` of ``PLUS_SOURCES`` 4x4 source grids."""
+    return seeded_edit_states(prompts, sources=PLUS_SOURCES)

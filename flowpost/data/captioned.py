@@ -108,13 +108,16 @@ def _preference_pair(item: PairItem, config: CaptionedDataset) -> PreferencePair
 
 
 def _edit_pair(item: EditItem, config: CaptionedDataset) -> EditPair:
-    """Source and target preprocessed alike (a random crop takes the same offset for both); a bad one is named."""
+    """Sources and target preprocessed alike (a random crop takes the same offset for each); a bad one is named."""
     instruction = caption_text(item.caption, max_chars=config.max_caption_chars)
+    parts = [("source", item.source), ("target", item.target)]
+    parts += [(f"source {number}", image) for number, image in enumerate(item.more_sources, start=2)]
     images = {}
-    for part, image in (("source", item.source), ("target", item.target)):
+    for part, image in parts:
         try:
             images[part] = training_image(image, config.preprocess, name=item.name)
         except BadItem as bad:
             raise BadItem(bad.kind, f"{part} image: {bad}") from None
     key = "edit-" + hashlib.sha256(item.name.encode()).hexdigest()[:16]
-    return EditPair(key=key, instruction=instruction, metadata=item.metadata, **images)
+    more = tuple(images.pop(part) for part, _ in parts[2:])
+    return EditPair(key=key, instruction=instruction, metadata=item.metadata, more_sources=more, **images)

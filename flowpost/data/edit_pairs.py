@@ -1,5 +1,5 @@
-"""How acquisition stores an ``EditPair``: its source as a PNG in ``assets/sources/`` named by the digest of its
-bytes, and the pair as the ``Demonstration`` of its target under the edit prompt naming that digest."""
+"""How acquisition stores an ``EditPair``: each source as a PNG in ``assets/sources/`` named by the digest of its
+bytes, and the pair as the ``Demonstration`` of its target under the edit prompt naming those digests."""
 
 from __future__ import annotations
 
@@ -23,15 +23,21 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 def stored_edit(record: EditPair, assets_dir: Path) -> Demonstration:
-    """Write the source to ``assets_dir`` (once per digest) and return the target's demonstration; its metadata
-    adds the ``instruction`` and the ``source_image`` file relative to ``assets_dir``."""
-    data = png_bytes(record.source)
-    digest = source_digest(data)
-    path = source_file(assets_dir, digest)
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(path, data)
-    metadata = {**record.metadata, "instruction": record.instruction, "source_image": str(path.relative_to(assets_dir))}
+    """Write the sources to ``assets_dir`` (once per digest) and return the target's demonstration; its metadata
+    adds the ``instruction`` and the first ``source_image`` file relative to ``assets_dir`` (with several
+    sources, ``source_images``: every one, in order)."""
+    digests, files = [], []
+    for source in record.sources:
+        data = png_bytes(source)
+        digests.append(source_digest(data))
+        path = source_file(assets_dir, digests[-1])
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(path, data)
+        files.append(str(path.relative_to(assets_dir)))
+    metadata = {**record.metadata, "instruction": record.instruction, "source_image": files[0]}
+    if len(files) > 1:
+        metadata["source_images"] = files
     return Demonstration(
-        key=record.key, prompt=edit_prompt(record.instruction, digest), image=record.target, metadata=metadata
+        key=record.key, prompt=edit_prompt(record.instruction, *digests), image=record.target, metadata=metadata
     )

@@ -62,7 +62,8 @@ class PreferencePair:
 @dataclass(frozen=True, eq=False)
 class EditPair:
     """An edit: an ``instruction``, the ``source`` image it applies to and the ``target`` image it should give,
-    float32 [C, H, W] in [0, 1] of the same shape. Compared by identity: the images are arrays.
+    float32 [C, H, W] in [0, 1] of the same shape; ``more_sources``, further source images of that shape the
+    instruction names after the first (Picture 2, 3, ...). Compared by identity: the images are arrays.
 
     Acquisition keeps the source beside the shards (``assets/sources/<digest>.png``) and stores the pair as a
     ``Demonstration`` of the target whose prompt names the instruction and the source's digest
@@ -74,16 +75,24 @@ class EditPair:
     source: np.ndarray
     target: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
+    more_sources: tuple[np.ndarray, ...] = ()
 
     def __post_init__(self) -> None:
         _check_key(self.key)
-        _check_image(self.key, "source", self.source)
         _check_image(self.key, "target", self.target)
-        if self.source.shape != self.target.shape:
-            raise ValueError(
-                f"record {self.key!r}: source {tuple(self.source.shape)} and target {tuple(self.target.shape)} "
-                "differ in shape"
-            )
+        for number, source in enumerate(self.sources, start=1):
+            name = "source" if number == 1 else f"source {number}"
+            _check_image(self.key, name, source)
+            if source.shape != self.target.shape:
+                raise ValueError(
+                    f"record {self.key!r}: {name} {tuple(source.shape)} and target {tuple(self.target.shape)} "
+                    "differ in shape"
+                )
+
+    @property
+    def sources(self) -> tuple[np.ndarray, ...]:
+        """Every source image, in order."""
+        return (self.source, *self.more_sources)
 
 
 def _check_key(key: str) -> None:

@@ -8,11 +8,13 @@ from typing import Any
 
 from flowpost.core.conditions import NULL_PROMPT
 from flowpost.core.config.schema.models import ConditionsConfig
+from flowpost.core.edit_prompts import source_count
 from flowpost.core.io import read_json, write_json_atomic
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
 from flowpost.core.models.text_encoders import ConditionEncoder, build_encoder
 from flowpost.data.condition_cache import update_condition_cache
+from flowpost.errors import FlowpostError
 
 
 def dataset_prompts(dataset_dir: Path) -> list[str]:
@@ -35,6 +37,10 @@ def cache_conditions(
     encoder = condition_encoder(config)
     if hasattr(encoder, "source_dirs"):  # an edit family's: it reads the source images in the datasets' assets
         encoder.source_dirs = tuple(directory / "assets" for directory in dataset_dirs)
+        try:  # as many per edit as the edit prompts name (the null prompt's black squares too)
+            encoder.sources = source_count(prompts)
+        except ValueError as error:
+            raise FlowpostError(str(error), where="conditions") from error
     try:
         stats = update_condition_cache(out_dir, prompts, encoder_fingerprint=encoder.fingerprint, encode=encoder.encode)
     finally:

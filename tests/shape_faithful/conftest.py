@@ -9,21 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from shape_faithful.build import CHECKPOINTS, build_folder, linked_folder
+from shape_faithful.build import CHECKPOINTS, build_folder
 
 
 @pytest.fixture(scope="session")
 def shape_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """``shape_folder(name)``: the pipeline folder of checkpoint ``name`` (a key of ``CHECKPOINTS``), built
-    with seed 0 the first time it is asked for (one sharing another's configs links that one's components)."""
+    with seed 0 the first time it is asked for (after the folder it shares components with)."""
     built: dict[str, Path] = {}
 
     def folder(name: str) -> Path:
         if name not in CHECKPOINTS:
             raise KeyError(f"no shape-faithful checkpoint {name!r}; known: {', '.join(CHECKPOINTS)}")
         if name not in built:
-            out, base = tmp_path_factory.mktemp(name) / "pipeline", CHECKPOINTS[name].configs_of
-            built[name] = linked_folder(name, folder(base), out) if base else build_folder(name, out, seed=0)
+            other = CHECKPOINTS[name].shares
+            shared = folder(other) if other is not None else None
+            built[name] = build_folder(name, tmp_path_factory.mktemp(name) / "pipeline", seed=0, shared=shared)
         return built[name]
 
     return folder

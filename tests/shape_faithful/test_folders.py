@@ -16,7 +16,7 @@ from flowpost.core.models.footprint import attention_width
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.core.models.registry import adapter_class
 from flowpost.stage import pipeline_adapter
-from shape_faithful.build import CHECKPOINTS, published
+from shape_faithful.build import CHECKPOINTS, is_edit, published, seeded_edit_conditions, stock_pipeline
 
 pytestmark = pytest.mark.shape
 
@@ -32,9 +32,13 @@ FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small la
     "z-image": {"resolution": 128},
     "flux2": {"resolution": 128},
     "flux2-klein": {"resolution": 128},
+    "qwen-image-edit": {"resolution": 128},
+    "qwen-image-edit-plus": {"resolution": 128},
 }
 VIDEO = ("wan2", "wan22-a14b")
-EDIT = ("flux1-kontext",)
+# the stock edit pipelines' source options: Qwen-Image-Edit's read it at 1024 x 1024 pixels whatever its size;
+# Kontext's keep it at its own 64 px (not the 1024 px the family trains with)
+EDIT_OPTIONS: dict[str, dict[str, Any]] = {"flux1-kontext": {"_auto_resize": False, "max_area": SIDE * SIDE}}
 
 
 @pytest.fixture(autouse=True)
@@ -45,16 +49,14 @@ def _release() -> Iterator[None]:
 
 
 def _generate(checkpoint: str, folder: Path) -> torch.Tensor:
-    import diffusers
-
-    pipeline_class = getattr(diffusers, published(checkpoint, "model_index")["_class_name"])
-    pipeline = pipeline_class.from_pretrained(folder, torch_dtype=torch.bfloat16)
+    pipeline = stock_pipeline(checkpoint, folder)
     assert pipeline.transformer.dtype == torch.bfloat16
     options: dict[str, Any] = {"height": SIDE, "width": SIDE, "num_inference_steps": STEPS, "output_type": "pt"}
     if CHECKPOINTS[checkpoint].family in VIDEO:
         options["num_frames"] = FRAMES
-    if CHECKPOINTS[checkpoint].family in EDIT:  # a source at its own 64 px, not the 1024 px the family trains with
-        options.update(image=Image.new("RGB", (SIDE, SIDE), (90, 120, 200)), _auto_resize=False, max_area=SIDE * SIDE)
+    if is_edit(checkpoint):
+        family = CHECKPOINTS[checkpoint].family
+        options.update(image=Image.new("RGB", (SIDE, SIDE), (200, 40, 40)), **EDIT_OPTIONS.get(family, {}))
     with torch.no_grad():
         output = pipeline(prompt=PROMPT, generator=torch.Generator().manual_seed(0), **options)
     return output.frames if CHECKPOINTS[checkpoint].family in VIDEO else output.images
@@ -84,7 +86,11 @@ def test_the_family_adapter_loads_it_at_the_published_size(
     assert all(tuple(q.weight.shape) == (spec.width, spec.width) and q.weight.dtype == torch.bfloat16 for q in to_q)
 
     adapter.compute_dtype = torch.bfloat16
-    state = adapter.prepare_condition_state(adapter.encode_conditions([PROMPT]))
+    if is_edit(checkpoint):  # seeded at the published widths (``seeded_edit_conditions``)
+        batch = seeded_edit_conditions(checkpoint, [PROMPT])
+    else:
+        batch = adapter.encode_conditions([PROMPT])
+    state = adapter.prepare_condition_state(batch)
     latents = torch.randn(1, *adapter.latent_shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         velocity = adapter.velocity(latents, torch.tensor([0.7]), state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import shutil
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from flowpost.data.condition_cache import update_condition_cache
 from flowpost.data.records import Demonstration
 from flowpost.data.shards import write_shards
 from flowpost.stage import build_trainer
-from shape_faithful.build import CHECKPOINTS, published
+from shape_faithful.build import CHECKPOINTS, is_edit, published, seeded_edit_conditions, stock_pipeline
 
 pytestmark = pytest.mark.shape
 
@@ -45,6 +46,8 @@ OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 
     "z-image": {"resolution": 128},
     "flux2": {"resolution": 128},
     "flux2-klein": {"resolution": 128},
+    "qwen-image-edit": {"resolution": 128},
+    "qwen-image-edit-plus": {"resolution": 128},
 }
 MEDIA = {
     "sd3": (3, 128, 128),
@@ -56,6 +59,8 @@ MEDIA = {
     "z-image": (3, 128, 128),
     "flux2": (3, 128, 128),
     "flux2-klein": (3, 128, 128),
+    "qwen-image-edit": (3, 128, 128),
+    "qwen-image-edit-plus": (3, 128, 128),
 }
 DEFAULT_STEPS = {  # the stock num_inference_steps
     "sd3": 28,
@@ -67,17 +72,23 @@ DEFAULT_STEPS = {  # the stock num_inference_steps
     "z-image": 50,
     "flux2": 50,
     "flux2-klein": 50,
+    "qwen-image-edit": 50,
+    "qwen-image-edit-plus": 50,
 }
 EXPERTS = "wan22-a14b"  # the family whose network is two experts: LoRA on both, full fine-tuning of one
 FULL_OPTIONS = {EXPERTS: {"experts": "high"}}  # one 5120-wide expert in fp32 with AdamW, as Z-Image's 3840-wide
 # FLUX.2-dev's one-block transformer holds 2.2 B parameters: fp32 weights, gradients and AdamW moments would
-# take 35 GB, past what this tier runs on
+# take 35 GB, past what this tier runs on; the edit checkpoints fine-tune Qwen-Image's transformer (the same
+# config): their full fine-tuning rows would repeat Qwen-Image's
+EDITS_OF_QWEN_IMAGE = ("qwen-image-edit", "qwen-image-edit-2509")
+# FLUX.1-Kontext-dev's transformer is FLUX.1-dev's (same config, same linked weights here), whose rows train it
+NOT_TRAINED = ("flux2-dev", "flux1-kontext-dev")
+FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in (*NOT_TRAINED, *EDITS_OF_QWEN_IMAGE)]
 # and its LoRA GRPO stage needs about 10 GB and longer than this whole tier's budget on a 2-core CPU: the dev
 # folder is checked by the stock pipeline, the adapter's load and the SDE grid; klein carries the family's rows.
-# FLUX.1-Kontext-dev's transformer is FLUX.1-dev's (same config, same linked weights here), whose rows train it; its
-# stages would add the 4096 tokens of a 1024 px source to the 64 of each FLUX.1-dev sample here
-TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in ("flux2-dev", "flux1-kontext-dev")]
-FULL_FINE_TUNED = LORA_TRAINED = TRAINED
+# Edit-Plus trains as Qwen-Image-Edit does on seeded conditions (another source count alone): Qwen-Image-Edit's
+# row carries both
+LORA_TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in (*NOT_TRAINED, "qwen-image-edit-2509")]
 LR = 1e-5
 
 
@@ -87,20 +98,25 @@ def _release() -> Iterator[None]:
     gc.collect()
 
 
-def _prepared(root: Path, family: str, folder: Path) -> None:
+def _prepared(root: Path, checkpoint: str, folder: Path) -> None:
     """Demonstrations of ``PROMPTS`` (random media at the stage's size) and their condition cache, encoded by
-    the folder's own text encoders as the conditions node encodes them."""
+    the folder's own text encoders as the conditions node encodes them (an edit checkpoint's seeded:
+    ``seeded_edit_conditions``)."""
+    family = CHECKPOINTS[checkpoint].family
     rng = np.random.default_rng(0)
     records = [
         Demonstration(key=f"r{i}", prompt=prompt, image=rng.random(MEDIA[family], dtype=np.float32))
         for i, prompt in enumerate(PROMPTS)
     ]
     write_json_atomic(root / "data" / "train" / "manifest.json", write_shards(records, root / "data" / "train"))
+    prompts = ["", *PROMPTS]
+    if is_edit(checkpoint):
+        encode = partial(seeded_edit_conditions, checkpoint)
+        update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=encode)
+        return
     encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=128)
     try:
-        update_condition_cache(
-            root / "conditions", ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=encoder.encode
-        )
+        update_condition_cache(root / "conditions", prompts, encoder_fingerprint=FINGERPRINT, encode=encoder.encode)
     finally:
         encoder.release()
 
@@ -135,7 +151,7 @@ def prepared(request: pytest.FixtureRequest, shape_folder: Callable[[str], Path]
     """The checkpoint the test is parametrized with (``indirect``): its folder, data and condition cache."""
     checkpoint = request.param
     family, folder = CHECKPOINTS[checkpoint].family, shape_folder(checkpoint)
-    _prepared(tmp_path, family, folder)
+    _prepared(tmp_path, checkpoint, folder)
     return {"checkpoint": checkpoint, "family": family, "folder": folder, "root": tmp_path}
 
 
@@ -186,7 +202,7 @@ def test_lora_grpo_in_bf16_replays_exactly_moves_fp32_adapters_and_exports(prepa
 
     export = root / "export"
     adapter.save_pretrained(export)
-    pipeline = _stock_pipeline(prepared["checkpoint"], folder)
+    pipeline = stock_pipeline(prepared["checkpoint"], folder)
     from peft.utils import get_peft_model_state_dict
 
     experts = [("transformer", "lora", network, {})]  # pipeline component, LoRA folder, trained network, load options
@@ -210,7 +226,7 @@ def test_lora_grpo_over_an_int8_base_replays_exactly_at_sd3_width(
     from flowpost.core.models.quantize import is_quantized
 
     folder = shape_folder("sd3.5-medium")
-    _prepared(tmp_path, "sd3", folder)
+    _prepared(tmp_path, "sd3.5-medium", folder)
     stage = {
         "trainer": "grpo",
         "model": _model("sd3", folder, lora={"rank": 4, "alpha": 8}, quantize="int8"),
@@ -268,7 +284,7 @@ def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights_and_exports(prepared
 
     transformer_class = getattr(diffusers, published(prepared["checkpoint"], "model_index")["transformer"][1])
     transformer = transformer_class.from_pretrained(export / "transformer", torch_dtype=torch.bfloat16)
-    pipeline = _stock_pipeline(prepared["checkpoint"], folder, transformer=transformer)
+    pipeline = stock_pipeline(prepared["checkpoint"], folder, transformer=transformer)
     assert attention_width(pipeline.transformer.config) == attention_width(
         published(prepared["checkpoint"], "transformer")
     )
@@ -277,10 +293,3 @@ def test_full_fine_tuning_in_bf16_keeps_fp32_master_weights_and_exports(prepared
         dict(pipeline.transformer.named_parameters())[name].float(),
         dict(trained.named_parameters())[name].detach().to(torch.bfloat16).float(),
     )
-
-
-def _stock_pipeline(checkpoint: str, folder: Path, **components: Any) -> Any:
-    import diffusers
-
-    pipeline_class = getattr(diffusers, published(checkpoint, "model_index")["_class_name"])
-    return pipeline_class.from_pretrained(folder, torch_dtype=torch.bfloat16, **components)

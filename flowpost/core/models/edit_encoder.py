@@ -1,5 +1,5 @@
-"""An edit family's conditions: each instruction (read with its source image where the family's text encoder
-sees images) and the source's packed VAE latents, computed as the family's stock edit pipeline computes them and
+"""An edit family's conditions: each instruction (read with its source images where the family's text encoder
+sees images) and each source's packed VAE latents, computed as the family's stock edit pipeline computes them and
 cached together in one row."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch
-from flowpost.core.edit_prompts import parse_edit_prompt, source_file
+from flowpost.core.edit_prompts import parse_edit_sources, source_file
 from flowpost.core.models.pipeline_prompts import PipelinePrompts, PromptFamily
 from flowpost.core.models.pretrained import PretrainedSource
 from flowpost.errors import FlowpostError
@@ -22,6 +22,7 @@ from flowpost.errors import FlowpostError
 class EditFamily(PromptFamily, Protocol):
     """What ``EditPrompts`` reads of an edit family class besides its text encoders."""
 
+    family: ClassVar[str]
     vae_class: ClassVar[str]  # the diffusers class of the ``vae`` component
 
     @classmethod
@@ -34,14 +35,14 @@ class EditFamily(PromptFamily, Protocol):
         cls,
         pipeline: Any,
         instructions: list[str],
-        images: list[Any],
+        images: list[list[Any]],
         *,
         device: torch.device,
         max_length: int,
         sources: bool,
     ) -> ConditionBatch:
-        """The conditions of ``instructions`` applied to the square PIL ``images`` (``sources=False``: zero source
-        latents, for a prompt without a source)."""
+        """The conditions of ``instructions``, each applied to its square PIL source images ``images[i]`` in order
+        (``sources=False``: zero source latents, for a prompt without a source)."""
         ...
 
 
@@ -63,13 +64,14 @@ def packed_sources(pipeline: Any, pixels: Tensor, *, encode: bool = True) -> Ten
 class EditPrompts(PipelinePrompts):
     """The edit pipeline's text encoders, extra components and VAE (fp32), loaded on first use.
 
-    ``encode`` takes edit prompts (``instruction [source DIGEST]``) whose source images lie in one of
-    ``source_dirs`` (a dataset's ``assets/``); a plain prompt (the null prompt) is read with a black square and
-    has zero source latents (the latents' mean: no source).
+    ``encode`` takes edit prompts (``instruction [source DIGEST] ...``) naming ``sources`` source images each,
+    which lie in one of ``source_dirs`` (a dataset's ``assets/``); a plain prompt (the null prompt) is read with
+    as many black squares and has zero source latents (the latents' mean: no source).
     """
 
     family: type[EditFamily]  # type: ignore[assignment]
     source_dirs: tuple[Path, ...] = ()
+    sources: int = 1
 
     def components(self) -> dict[str, Any]:
         import diffusers
@@ -92,40 +94,51 @@ class EditPrompts(PipelinePrompts):
             where="conditions",
         )
 
+    def source_images(self, digests: tuple[str, ...], *, prompt: str) -> list[Any]:
+        """The RGB source images of an edit prompt, refused unless it names ``sources`` of them."""
+        if len(digests) != self.sources:
+            raise FlowpostError(
+                f"edit prompt {prompt!r} names {len(digests)} source image(s); {self.family.family} reads "
+                f"{self.sources} here",
+                where="conditions",
+            )
+        return [self.source_image(digest, prompt=prompt) for digest in digests]
+
     @torch.no_grad()
     def encode(self, prompts: list[str], *, max_length: int | None = None) -> ConditionBatch:
-        """Each prompt's instruction read with its source image, and the source latents (fp32 on the CPU)."""
+        """Each prompt's instruction read with its source images, and their latents (fp32 on the CPU)."""
         from PIL import Image
 
-        parsed = [parse_edit_prompt(prompt) for prompt in prompts]
+        parsed = [parse_edit_sources(prompt) for prompt in prompts]
         edits = [i for i, edit in enumerate(parsed) if edit is not None]
         plain = [i for i, edit in enumerate(parsed) if edit is None]
         parts = []
         if edits:
-            images = [self.source_image(parsed[i][1], prompt=prompts[i]) for i in edits]  # type: ignore[index]
+            images = [self.source_images(parsed[i][1], prompt=prompts[i]) for i in edits]  # type: ignore[index]
             parts.append(self.encode_edits([parsed[i][0] for i in edits], images))  # type: ignore[index]
         if plain:
-            black = [Image.new("RGB", (64, 64))] * len(plain)
+            black = [[Image.new("RGB", (64, 64))] * self.sources] * len(plain)
             parts.append(self.encode_edits([prompts[i] for i in plain], black, source_latents=False))
         order = torch.argsort(torch.tensor(edits + plain))
-        return _padded_cat(parts).index(order)
+        return padded_cat(parts).index(order)
 
     @torch.no_grad()
     def encode_edits(
         self, instructions: list[str], images: list[Any], *, source_latents: bool = True
     ) -> ConditionBatch:
-        """As the family's stock pipeline prepares an edit of each square source (``edit_conditions``); fp32 on the
-        CPU, the mask int8."""
-        if any(image.width != image.height for image in images):
+        """As the family's stock pipeline prepares an edit (``edit_conditions``) of each square source
+        (``images[i]``: a PIL image, or a list of them); fp32 on the CPU, the mask int8."""
+        rows = [list(image) if isinstance(image, (list, tuple)) else [image] for image in images]
+        if any(image.width != image.height for row in rows for image in row):
             raise FlowpostError(
                 "edit source images are square here (the dataset's preprocessing crops them); got "
-                f"{[image.size for image in images if image.width != image.height][0]}",
+                f"{next(image.size for row in rows for image in row if image.width != image.height)}",
                 where="conditions",
             )
         batch = self.family.edit_conditions(
             self.pipeline,
             instructions,
-            images,
+            rows,
             device=torch.device(self.device),
             max_length=self.max_length,
             sources=source_latents,
@@ -135,7 +148,7 @@ class EditPrompts(PipelinePrompts):
         )
 
 
-def _padded_cat(parts: list[ConditionBatch]) -> ConditionBatch:
+def padded_cat(parts: list[ConditionBatch]) -> ConditionBatch:
     """The batches one after another, token states and masks zero-padded to the longest."""
     length = max(part.token_states.shape[1] for part in parts)
     padded = [

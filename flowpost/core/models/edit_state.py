@@ -1,5 +1,6 @@
-"""The condition states of the edit families: the instruction's text state and the source image's packed latents
-with their patch grid, either beside a padding mask (qwen-image-edit) or beside a pooled vector (flux1-kontext)."""
+"""The condition states of the edit families: the instruction's text state and the source images' packed latents
+with their patch grids, either beside a padding mask (qwen-image-edit, -plus) or beside a pooled vector
+(flux1-kontext)."""
 
 from __future__ import annotations
 
@@ -15,42 +16,48 @@ from flowpost.core.conditions import ConditionBatch
 from flowpost.core.models.text_state import MaskedTextState, TextState
 
 
-def source_tokens(flat: Tensor, channels: int) -> Tensor:
-    """Cached rows of flattened source latents as ``[B, S, channels]`` tokens on a square grid, or refused."""
-    tokens = flat.shape[1] // channels
-    if tokens == 0 or tokens * channels != flat.shape[1] or math.isqrt(tokens) ** 2 != tokens:
+def source_tokens(flat: Tensor, channels: int, sources: int = 1) -> Tensor:
+    """Cached rows of flattened source latents as ``[B, S, channels]`` tokens of ``sources`` square grids one after
+    another, or refused."""
+    values = flat.shape[1]
+    grid = values // (channels * sources)
+    if grid == 0 or grid * channels * sources != values or math.isqrt(grid) ** 2 != grid:
+        grids = "square grid" if sources == 1 else f"{sources} square grids"
         raise ValueError(
-            f"cached rows of {flat.shape[1]} source values are no square grid of {channels}-channel "
-            "latent tokens; re-run the conditions node with this family's pipeline"
+            f"cached rows of {values} source values are no {grids} of {channels}-channel latent tokens; re-run the "
+            "conditions node with this family's pipeline (and model.options.sources)"
         )
-    return flat.reshape(len(flat), tokens, channels)
+    return flat.reshape(len(flat), values // channels, channels)
 
 
-def grid_side(source_latents: Tensor) -> int:
-    """The side of the square grid of packed tokens ``[B, S, C]``."""
-    return math.isqrt(int(source_latents.shape[1]))
+def grid_side(source_latents: Tensor, sources: int = 1) -> int:
+    """The side of each of the ``sources`` square grids of packed tokens ``[B, S, C]``."""
+    return math.isqrt(int(source_latents.shape[1]) // sources)
 
 
 @dataclass
 class EditState(MaskedTextState):
-    """``MaskedTextState`` plus ``source_latents`` ``[B, S, C]``: the source's packed latent tokens, on a
-    square grid of ``S`` tokens.
+    """``MaskedTextState`` plus ``source_latents`` ``[B, S, C]``: the packed latent tokens of ``sources`` source
+    images one after another, each on a square grid of ``S / sources`` tokens.
 
     The condition cache holds them flattened in each row's ``pooled`` vector (``S * C`` values), as the
     conditions node wrote them; ``from_edit_batch`` unflattens them."""
 
     source_latents: Tensor
+    sources: int = 1
 
     @classmethod
-    def from_edit_batch(cls, batch: ConditionBatch, channels: int) -> Self:
-        """The text state of ``batch`` and its ``pooled`` rows as ``[B, S, channels]`` source tokens."""
+    def from_edit_batch(cls, batch: ConditionBatch, channels: int, sources: int = 1) -> Self:
+        """The text state of ``batch`` and its ``pooled`` rows as ``[B, S, channels]`` tokens of ``sources``
+        square grids."""
         text = MaskedTextState.from_batch(batch)
-        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source_tokens(batch.pooled, channels))
+        source = source_tokens(batch.pooled, channels, sources)
+        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source, sources)
 
     @property
     def source_grid(self) -> int:
-        """The side of the source's square grid of packed tokens."""
-        return grid_side(self.source_latents)
+        """The side of each source's square grid of packed tokens."""
+        return grid_side(self.source_latents, self.sources)
 
     def text(self) -> MaskedTextState:
         """The token states and mask alone."""
@@ -59,13 +66,15 @@ class EditState(MaskedTextState):
     def index(self, rows: Tensor | list[int]) -> Self:
         rows_t = torch.as_tensor(rows, dtype=torch.long)
         text = self.text().index(rows_t)
-        return type(self)(text.encoder_hidden_states, text.encoder_attention_mask, self.source_latents[rows_t])
+        return type(self)(
+            text.encoder_hidden_states, text.encoder_attention_mask, self.source_latents[rows_t], self.sources
+        )
 
     @classmethod
     def cat(cls, states: Sequence[Self]) -> Self:
         text = MaskedTextState.cat([s.text() for s in states])
         source = torch.cat([s.source_latents for s in states])
-        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source)
+        return cls(text.encoder_hidden_states, text.encoder_attention_mask, source, states[0].sources)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from flowpost.core.models.edit_family import EditAdapter
 from flowpost.core.models.edit_state import PooledEditState
 from flowpost.core.models.flux1 import Flux1Adapter
 from flowpost.core.models.pipeline_prompts import unmasked
+from flowpost.errors import FlowpostError
 
 
 class Flux1KontextAdapter(EditAdapter, Flux1Adapter):
@@ -37,17 +38,23 @@ class Flux1KontextAdapter(EditAdapter, Flux1Adapter):
         cls,
         pipeline: Any,
         instructions: list[str],
-        images: list[Any],
+        images: list[list[Any]],
         *,
         device: torch.device,
         max_length: int,
         sources: bool,
     ) -> ConditionBatch:
         """As the stock pipeline's ``__call__`` prepares an edit: the instruction through ``encode_prompt``, each
-        square source resized to the preferred side and VAE-encoded (``packed_sources``) after the pooled vector."""
+        square source resized to the preferred side and VAE-encoded (``packed_sources``) after the pooled vector;
+        an edit of several sources is refused (the stock pipeline reads one)."""
+        if counts := sorted({len(row) for row in images} - {1}):
+            raise FlowpostError(
+                f"{cls.family} reads one source image per edit; the edit prompts name {counts[0]}",
+                where="conditions",
+            )
         multiple = pipeline.vae_scale_factor * 2
         side = cls.source_side() // multiple * multiple
-        resized = [pipeline.image_processor.resize(image, side, side) for image in images]
+        resized = [pipeline.image_processor.resize(image, side, side) for [image] in images]
         embeds, pooled, _ = pipeline.encode_prompt(
             prompt=instructions, prompt_2=None, device=device, max_sequence_length=max_length
         )

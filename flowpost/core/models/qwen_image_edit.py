@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
-from flowpost.core.models.edit_encoder import packed_sources
-from flowpost.core.models.edit_family import EditAdapter
+from flowpost.core.models.edit_encoder import packed_sources, padded_cat
+from flowpost.core.models.edit_family import SOURCE_SIDE, EditAdapter
 from flowpost.core.models.edit_state import EditState
 from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
 from flowpost.core.models.pretrained import PretrainedSource
@@ -34,6 +34,8 @@ class QwenImageEditAdapter(EditAdapter, QwenImageAdapter):
     pipeline_class: ClassVar[str] = "QwenImageEditPipeline"
     samples_with_cfg: ClassVar[bool] = False
 
+    condition_area: ClassVar[int] = SOURCE_SIDE**2  # the pixels Qwen2.5-VL reads each source at
+
     @classmethod
     def edit_components(cls, source: PretrainedSource) -> dict[str, Any]:
         """The processor, for images and text (``image_text_processor.py``)."""
@@ -44,32 +46,38 @@ class QwenImageEditAdapter(EditAdapter, QwenImageAdapter):
         cls,
         pipeline: Any,
         instructions: list[str],
-        images: list[Any],
+        images: list[list[Any]],
         *,
         device: torch.device,
         max_length: int,
         sources: bool,
     ) -> ConditionBatch:
-        """As the stock pipeline's ``__call__`` prepares an edit: each square source resized to ``source_side``,
-        read with its instruction by ``encode_prompt``, and its packed latents (``packed_sources``) in ``pooled``."""
+        """As the stock pipeline's ``__call__`` prepares an edit, one edit at a time (the stock batch): each square
+        source resized to ``condition_area`` and read with the instruction by ``encode_prompt``, and resized to
+        ``source_side`` for its packed latents (``packed_sources``), source after source in ``pooled``."""
         from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
-        width, height, _ = calculate_dimensions(cls.source_side() ** 2, 1.0)
-        resized = [pipeline.image_processor.resize(image, height, width) for image in images]
-        embeds, mask = pipeline.encode_prompt(
-            prompt=instructions, image=resized, device=device, max_sequence_length=max_length
-        )
-        if mask is None:  # the pipeline drops a mask without padding
-            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
-        pixels = pipeline.image_processor.preprocess(resized, height, width).unsqueeze(2)
-        return ConditionBatch(embeds, mask, packed_sources(pipeline, pixels, encode=sources))
+        side, _, _ = calculate_dimensions(cls.source_side() ** 2, 1.0)
+        read, _, _ = calculate_dimensions(cls.condition_area, 1.0)
+        parts = []
+        for instruction, row in zip(instructions, images, strict=True):
+            condition = [pipeline.image_processor.resize(image, read, read) for image in row]
+            embeds, mask = pipeline.encode_prompt(
+                prompt=[instruction], image=condition, device=device, max_sequence_length=max_length
+            )
+            if mask is None:  # the pipeline drops a mask without padding
+                mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+            pixels = pipeline.image_processor.preprocess(row, side, side).unsqueeze(2)
+            packed = packed_sources(pipeline, pixels, encode=sources).reshape(1, -1)
+            parts.append(ConditionBatch(embeds.float().cpu(), mask.cpu(), packed.cpu()))
+        return padded_cat(parts)
 
     def prepare_condition_state(self, batch: ConditionBatch) -> EditState:
-        return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels))
+        return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels), self.sources)
 
     def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
-        """The transformer on the noisy tokens followed by the source's, at ``timestep = sigma``, with both
-        patch grids; the velocity of the noisy tokens, in the latents' dtype."""
+        """The transformer on the noisy tokens followed by the sources', at ``timestep = sigma``, with every
+        patch grid; the velocity of the noisy tokens, in the latents' dtype."""
         assert isinstance(state, EditState)
         batch, tokens, device, dtype = latents.shape[0], latents.shape[1], latents.device, latents.dtype
         mask = state.mask()
@@ -80,7 +88,7 @@ class QwenImageEditAdapter(EditAdapter, QwenImageAdapter):
             timestep=torch.as_tensor(sigma, dtype=dtype, device=device).expand(batch),
             encoder_hidden_states=state.encoder_hidden_states.to(device=device, dtype=dtype),
             encoder_hidden_states_mask=None if mask is None else mask.to(device),
-            img_shapes=[[(1, half, half), (1, grid, grid)]] * batch,
+            img_shapes=[[(1, half, half), *[(1, grid, grid)] * state.sources]] * batch,
             return_dict=False,
         )[0][:, :tokens]
 

@@ -15,6 +15,7 @@ FAMILIES: dict[str, str] = {
     "flux2-klein": "flowpost.core.models.flux2:Flux2KleinAdapter",
     "qwen-image": "flowpost.core.models.qwen_image:QwenImageAdapter",
     "qwen-image-edit": "flowpost.core.models.qwen_image_edit:QwenImageEditAdapter",
+    "qwen-image-edit-plus": "flowpost.core.models.qwen_image_edit_plus:QwenImageEditPlusAdapter",
     "sd3": "flowpost.core.models.sd3:SD3Adapter",
     "tiny-sd3": "flowpost.core.models.tiny_sd3:TinySD3Adapter",
     "wan2": "flowpost.core.models.wan2:Wan2Adapter",

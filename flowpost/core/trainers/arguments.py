@@ -15,6 +15,7 @@ from flowpost.core.contracts import (
 )
 from flowpost.core.progress import BudgetUnit
 from flowpost.core.trainers.optimizer_settings import AdamWSettings
+from flowpost.errors import FlowpostError
 
 if TYPE_CHECKING:
     from flowpost.core.sampling.config import SamplingConfig
@@ -141,3 +142,13 @@ def whole_groups(size: int, group: int | None, compared: str) -> int:
             f"{compared} within one micro-batch: train_batch_size ({size}) must be a multiple of group_size ({group})"
         )
     return size
+
+
+def groups_fit_ranks(prompts: int, processes: int, *, where: str) -> None:
+    """Refuse ``prompts`` per iteration that ``processes`` ranks cannot split into whole groups."""
+    if prompts % processes:
+        raise FlowpostError(
+            f"the trainer compares the samples of a group, so every rank needs whole groups: prompts_per_iteration "
+            f"({prompts}) must be a multiple of the number of processes ({processes})",
+            where=where,
+        )

@@ -185,6 +185,7 @@ class BaseTrainer(ABC):
         upcast_trainable(adapter.trainable_network())  # fp32 weights and optimizer state, whatever the base's dtype
         model = self.parallel.prepare(adapter, self.accelerator.device)
         before = set(adapter.snapshots.names())
+        self.check_ranks()
         self.setup()
         self._check_snapshots_are_not_roles()
         self._check_snapshots_are_declared(set(adapter.snapshots.names()) - before)
@@ -262,6 +263,9 @@ class BaseTrainer(ABC):
             yield
 
     # -- hooks -------------------------------------------------------------------------------
+    def check_ranks(self) -> None:
+        """Refuse a process count the trainer cannot split its work over (before ``setup``)."""
+
     def setup(self) -> None:
         """Load what the trainer reads (data, conditions, snapshots); called once before the optimizer."""
 

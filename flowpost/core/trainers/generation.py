@@ -11,7 +11,7 @@ from flowpost.core.contracts import Acquisition, Feedback, Paradigm
 from flowpost.core.distributed import mean_over_ranks
 from flowpost.core.residency import attribute_networks
 from flowpost.core.rewards.combine import WeightedRewards
-from flowpost.core.trainers.arguments import OnlineArguments
+from flowpost.core.trainers.arguments import OnlineArguments, groups_fit_ranks
 from flowpost.core.trainers.base import BaseTrainer
 from flowpost.core.trainers.objective import Metrics, Objective, accumulate, to_host
 from flowpost.core.trainers.rl.rollout import Rollout
@@ -30,6 +30,7 @@ class GenerationTrainer(BaseTrainer):
     arguments_base: ClassVar[type[OnlineArguments]] = OnlineArguments
     keeps_rollout_states: ClassVar[bool] = False  # store the trajectory although the objective is not coupled
     whole_groups: ClassVar[bool] = False  # micro-batches shuffle whole groups (train_batch_size holds them)
+    groups_on_one_rank: ClassVar[bool] = False  # a group's samples meet on one rank (implied by whole_groups)
     engine: ClassVar[type[RolloutEngine]] = RolloutEngine  # how its rollouts are sampled
     args: OnlineArguments
 
@@ -54,6 +55,15 @@ class GenerationTrainer(BaseTrainer):
         if rewards is not None and "rewards" in self.spec.offload:
             networks = attribute_networks(rewards)  # built with their models: found once
             self.residency.add("rewards", lambda: networks, self.scoring_phases())
+
+    def check_ranks(self) -> None:
+        """Each group stays on one rank where the trainer compares its samples: the prompts split evenly."""
+        if self.whole_groups or self.groups_on_one_rank:
+            groups_fit_ranks(
+                self.args.prompts_per_iteration,
+                self.accelerator.num_processes,
+                where=f"stages.{self.stage}.train.prompts_per_iteration",
+            )
 
     def scoring_phases(self) -> set[str]:
         """The phases that decode and score rollouts: ``reward``, and ``rollout`` too with ``overlap_rewards``."""

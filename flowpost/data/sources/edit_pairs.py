@@ -24,29 +24,37 @@ class EditPairsSource(CaptionedSource[EditPairsDataset]):
 
     def items(self, *, where: str) -> Iterator[EditItem]:
         c = self.config
-        table, at, columns = Path(c.path), f"{where}.path", (c.source_column, c.target_column)
+        table, at = Path(c.path), f"{where}.path"
+        columns = (c.source_column, c.target_column, *c.more_source_columns)
         for number, row in enumerate(_edit_rows(table, columns, where=at), start=1):
             column, caption = caption_field(row.fields, c.caption_column)
             extra = {k: v for k, v in row.fields.items() if k not in (*columns, column)}
-            source, target = (
+            source, target, *more = (
                 image_cell(table.parent, row.fields[name], allow_outside=c.allow_outside, where=row.where)
                 for name in columns
             )
-            yield EditItem(f"row-{number}", row.where, source, target, caption, json_metadata(extra))
+            yield EditItem(f"row-{number}", row.where, source, target, caption, json_metadata(extra), tuple(more))
 
     def fingerprint(self, *, where: str) -> str:
         c = self.config
-        columns = (c.source_column, c.target_column)
+        columns = (c.source_column, c.target_column, *c.more_source_columns)
         _edit_rows(Path(c.path), columns, where=f"{where}.path")
         return table_fingerprint(
             Path(c.path), image_columns=columns, where=f"{where}.path", allow_outside=c.allow_outside
         )
 
 
-def _edit_rows(table: Path, columns: tuple[str, str], *, where: str) -> list[PromptRow]:
-    """The table's rows, refused when it lacks the target column (``table_rows`` checks the source column)."""
+def _edit_rows(table: Path, columns: tuple[str, ...], *, where: str) -> list[PromptRow]:
+    """The table's rows, refused when it lacks the target column or a further source column (``table_rows``
+    checks the source column)."""
     rows = table_rows(table, image_column=columns[0], where=where)
     if rows and columns[1] not in rows[0].fields:
         names = ", ".join(rows[0].fields)
         raise FlowpostError(f"no target-image column {columns[1]!r} (columns: {names}); set target_column", where=where)
+    missing = [column for column in columns[2:] if rows and column not in rows[0].fields]
+    if missing:
+        names = ", ".join(rows[0].fields)
+        raise FlowpostError(
+            f"no source-image column {missing[0]!r} (columns: {names}); fix more_source_columns", where=where
+        )
     return rows

@@ -69,6 +69,7 @@ class EditItem:
     target: Path | bytes
     caption: Any
     metadata: dict[str, Any] = field(default_factory=dict)
+    more_sources: tuple[Path | bytes, ...] = ()
 
 
 def caption_field(fields: dict[str, Any], column: str | None) -> tuple[str | None, Any]:

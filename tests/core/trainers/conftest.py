@@ -16,7 +16,7 @@ from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 from tiny_flux2_pipeline import RESOLUTION as FLUX2_RESOLUTION
 from tiny_flux2_pipeline import load_flux2_adapter, load_flux2_klein_adapter
 from tiny_qwen_image_edit_pipeline import RESOLUTION as QWEN_IMAGE_EDIT_RESOLUTION
-from tiny_qwen_image_edit_pipeline import seeded_edit_states
+from tiny_qwen_image_edit_pipeline import seeded_edit_states, seeded_plus_states
 from tiny_qwen_image_pipeline import RESOLUTION as QWEN_IMAGE_RESOLUTION
 from tiny_qwen_image_pipeline import load_qwen_image_adapter
 from tiny_sd3_pipeline import load_sd3_adapter
@@ -164,6 +164,15 @@ def qwen_image_edit_data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple
     shape = (3, QWEN_IMAGE_EDIT_RESOLUTION, QWEN_IMAGE_EDIT_RESOLUTION)
     return write_stage_data(
         tmp_path_factory.mktemp("qwen-image-edit-data"), image_shape=shape, encode=seeded_edit_states
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen_image_edit_plus_data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same targets, each prompt's conditions seeded with two 4x4 source grids."""
+    shape = (3, QWEN_IMAGE_EDIT_RESOLUTION, QWEN_IMAGE_EDIT_RESOLUTION)
+    return write_stage_data(
+        tmp_path_factory.mktemp("qwen-image-edit-plus-data"), image_shape=shape, encode=seeded_plus_states
     )
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flowpost.core.events import read_events
+from flowpost.core.events import DoneEvent, read_events
 from flowpost.core.process_group import Topology
 from flowpost.core.trainers.spec import StageSpec
 from flowpost.errors import FlowpostError
@@ -81,30 +84,34 @@ STAGES = [
 
 @pytest.mark.parametrize(("trainer", "train", "stage"), STAGES)
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(
-    tmp_path, data_dirs, fresh_weights, trainer, train, stage
+    tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage
 ) -> None:
-    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, backend="ddp")
+    _two_processes_match_one(tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage, backend="ddp")
 
 
 @pytest.mark.parametrize(("trainer", "train", "stage"), STAGES)
 def test_fsdp_two_sharded_processes_match_one_process_with_the_same_global_batch(
-    tmp_path, data_dirs, fresh_weights, trainer, train, stage
+    tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage
 ) -> None:
-    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, backend="fsdp2")
+    _two_processes_match_one(tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage, backend="fsdp2")
 
 
 @pytest.mark.parametrize(("trainer", "train", "stage"), STAGES)
 def test_zero2_two_deepspeed_processes_match_one_process_with_the_same_global_batch(
-    tmp_path, data_dirs, fresh_weights, trainer, train, stage
+    tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage
 ) -> None:
-    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, backend="deepspeed-zero2")
+    _two_processes_match_one(
+        tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage, backend="deepspeed-zero2"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2", "deepspeed-zero2"])
-def test_lora_sft_on_two_processes_matches_one_process(tmp_path, data_dirs, fresh_weights, backend) -> None:
+def test_lora_sft_on_two_processes_matches_one_process(
+    tmp_path, one_process, data_dirs, fresh_weights, backend
+) -> None:
     stage = {"model": {"family": "tiny-sd3", "transformer": TINY, "lora": {"rank": 4}}}
-    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, "sft", SFT, stage, backend=backend)
+    _two_processes_match_one(tmp_path, one_process, data_dirs, fresh_weights, "sft", SFT, stage, backend=backend)
 
 
 DMD2 = {
@@ -124,9 +131,9 @@ ROLES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2"])
 def test_a_multi_role_dmd2_stage_on_two_processes_matches_one_process(
-    tmp_path, data_dirs, fresh_weights, backend
+    tmp_path, one_process, data_dirs, fresh_weights, backend
 ) -> None:
-    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, "dmd2", DMD2, ROLES, backend=backend)
+    _two_processes_match_one(tmp_path, one_process, data_dirs, fresh_weights, "dmd2", DMD2, ROLES, backend=backend)
 
 
 BF16 = {"launch": {"mixed_precision": "bf16"}}
@@ -146,28 +153,45 @@ def test_a_bf16_stage_trains_near_the_fp32_stage_and_keeps_fp32_weights(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ddp", "fsdp2", "deepspeed-zero2"])
-def test_bf16_two_processes_match_one_process(tmp_path, data_dirs, fresh_weights, backend) -> None:
+def test_bf16_two_processes_match_one_process(tmp_path, one_process, data_dirs, fresh_weights, backend) -> None:
     # bf16 products depend on how a batch is split, so the tolerance is bf16 against fp32's (above)
-    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, "sft", SFT, BF16, backend=backend, atol=1e-3, rel=0.02)
+    _two_processes_match_one(
+        tmp_path, one_process, data_dirs, fresh_weights, "sft", SFT, BF16, backend=backend, atol=1e-3, rel=0.02
+    )
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Callable[[StageSpec], tuple[DoneEvent, Path]]:
+    """Runs a one-process stage once per configuration: the layouts compared against it share the run."""
+    done: dict[str, tuple[DoneEvent, Path]] = {}
+
+    def run(spec: StageSpec) -> tuple[DoneEvent, Path]:
+        key = json.dumps(spec.config, sort_keys=True)
+        if key not in done:
+            out = tmp_path_factory.mktemp("one-process")
+            done[key] = run_training(replace(spec, output_dir=str(out))), out
+        return done[key]
+
+    return run
 
 
 def _two_processes_match_one(
-    tmp_path, data_dirs, fresh_weights, trainer, train, stage, *, backend: str, atol: float = 1e-5, rel: float = 1e-3
+    tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage, *, backend: str, atol=1e-5, rel=1e-3
 ) -> None:
     """Live and EMA weights within ``atol`` (and rtol 1e-4), every logged metric within ``rel``."""
-    single = run_training(_spec(tmp_path / "one", data_dirs, trainer, train, 1, **stage))
+    single, single_out = one_process(_spec(tmp_path / "one", data_dirs, trainer, train, 1, **stage))
     double = run_training(_spec(tmp_path / "two", data_dirs, trainer, train, 2, backend, **stage))
     assert (single.ranks, double.ranks) == (1, 2)  # replicated ranks end only if they agree bit for bit
     assert double.progress == single.progress
     assert sorted(p.name for p in (tmp_path / "two" / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
     for kind in ("live", "ema"):
-        one, two = _weights(tmp_path / "one", kind), _weights(tmp_path / "two", kind)
+        one, two = _weights(single_out, kind), _weights(tmp_path / "two", kind)
         assert one.keys() == two.keys()
         for key in one:
             torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=atol, msg=f"{kind} {key}")
     trained = _weights(tmp_path / "two")
     assert any(not torch.equal(trained[k], v) for k, v in fresh_weights.items() if k in trained)
-    for a, b in zip(_metrics(tmp_path / "one"), _metrics(tmp_path / "two"), strict=True):
+    for a, b in zip(_metrics(single_out), _metrics(tmp_path / "two"), strict=True):
         extra = b.keys() - a.keys()  # under ddp the all-reduce's seconds (per role: <role>/grad_sync_seconds)
         assert {key.rsplit("/", 1)[-1] for key in extra} == ({"grad_sync_seconds"} if backend == "ddp" else set())
         assert a.keys() <= b.keys()
@@ -177,14 +201,14 @@ def _two_processes_match_one(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["grpo-guard", "dppo", "mixgrpo", "nft", "awm", "online-dpo", "dgpo", "crd"])
-def test_ddp_every_online_trainer_matches_one_process(tmp_path, data_dirs, fresh_weights, trainer) -> None:
+def test_ddp_every_online_trainer_matches_one_process(tmp_path, one_process, data_dirs, fresh_weights, trainer) -> None:
     timesteps = ("awm", "dgpo", "crd")
     train = {**GRPO, "train_timesteps": 2} if trainer in timesteps else GRPO  # 4 sampling steps allow 2
     train = {**train, "shift_interval": 1} if trainer == "mixgrpo" else train  # its window moves every iteration
     sampling = {"steps": 4, "window": 2} if trainer == "mixgrpo" else {"steps": 4}
     sampling = {**sampling, "dynamics": "ode"} if trainer == "dgpo" else sampling  # dgpo samples with the ODE
     stage = {"sampling": sampling, "rewards": [{"name": "jpeg_incompressibility"}]}
-    _two_processes_match_one(tmp_path, data_dirs, fresh_weights, trainer, train, stage, backend="ddp")
+    _two_processes_match_one(tmp_path, one_process, data_dirs, fresh_weights, trainer, train, stage, backend="ddp")
 
 
 def scores_refusing_group(group: int):  # noqa: ANN201
@@ -241,31 +265,26 @@ def test_ddp_a_rank_killed_by_a_signal_is_named_before_the_peers_it_disconnected
     assert not (out / "final").exists()
 
 
-CHANGED_RUNS = {  # (first processes, backend) -> (resuming processes, backend), the first run's layout
-    "ddp-2-to-1": ((2, "ddp"), (1, "ddp"), "ddp"),
-    "fsdp2-2-to-1": ((2, "fsdp2"), (1, "fsdp2"), "fsdp2"),
-    "deepspeed-zero2-2-to-1": ((2, "deepspeed-zero2"), (1, "deepspeed-zero2"), "deepspeed-zero2"),
-    "1-to-deepspeed-zero2-2": ((1, "deepspeed-zero2"), (2, "deepspeed-zero2"), "ddp"),
-    "deepspeed-zero2-to-fsdp2": ((2, "deepspeed-zero2"), (2, "fsdp2"), "deepspeed-zero2"),
-}
+# One SFT stage resumed under a new world size or layout at every link: 2 optimizer steps each.
+RESUME_CHAIN = [(1, "ddp"), (2, "deepspeed-zero2"), (2, "fsdp2"), (2, "ddp"), (1, "ddp")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("first", "then", "layout"), CHANGED_RUNS.values(), ids=CHANGED_RUNS.keys())
-def test_resume_under_another_world_size_or_backend_warns_and_continues(
-    tmp_path, data_dirs, first, then, layout
-) -> None:
-    straight = run_training(_spec(tmp_path / "straight", data_dirs, "sft", SFT, 1))
+def test_resume_under_another_world_size_or_backend_warns_and_continues(tmp_path, data_dirs) -> None:
+    steps = 2 * len(RESUME_CHAIN)
+    straight = run_training(_spec(tmp_path / "straight", data_dirs, "sft", {**SFT, "max_steps": steps}, 1))
     out = tmp_path / "changed"
-    run_training(_spec(out, data_dirs, "sft", {**SFT, "max_steps": 2}, *first))
-    done = run_training(_spec(out, data_dirs, "sft", SFT, *then))
-    start = [e for e in read_events(out / "events.jsonl") if e["event"] == "start"][-1]
-    assert start["resumed_from"] is not None and start["step"] == 2
-    assert (start["ranks"], start["resumed_with_ranks_from"], start["resumed_with_layout_from"]) == (
-        then[0],
-        first[0],
-        layout,
-    )
+    for link, (processes, backend) in enumerate(RESUME_CHAIN, start=1):
+        done = run_training(_spec(out, data_dirs, "sft", {**SFT, "max_steps": 2 * link}, processes, backend))
+        start = [e for e in read_events(out / "events.jsonl") if e["event"] == "start"][-1]
+        if link == 1:
+            assert start["resumed_from"] is None
+            continue
+        ranks_before, backend_before = RESUME_CHAIN[link - 2]
+        layout_before = backend_before if ranks_before > 1 else "ddp"  # one process runs unwrapped
+        assert start["resumed_from"] is not None and start["step"] == 2 * (link - 1), link
+        assert (start["ranks"], start["resumed_with_ranks_from"]) == (processes, ranks_before), link
+        assert start["resumed_with_layout_from"] == layout_before, link
     assert done.progress == straight.progress
     expected, actual = _weights(tmp_path / "straight"), _weights(out)
     for key in expected:

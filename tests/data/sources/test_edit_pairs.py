@@ -13,7 +13,14 @@ from image_samples import png_bytes
 from PIL import Image
 
 from flowpost.core.config.schema import EditPairsDataset
-from flowpost.core.edit_prompts import edit_prompt, parse_edit_prompt, source_digest, source_file
+from flowpost.core.edit_prompts import (
+    edit_prompt,
+    parse_edit_prompt,
+    parse_edit_sources,
+    source_count,
+    source_digest,
+    source_file,
+)
 from flowpost.core.io import read_json
 from flowpost.data.records import EditPair
 from flowpost.data.shards import read_shards
@@ -98,3 +105,33 @@ def test_edit_prompts_round_trip_and_records_check_their_images() -> None:
     image = np.zeros((3, 4, 4), np.float32)
     with pytest.raises(ValueError, match="source .* and target .* differ in shape"):
         EditPair(key="e", instruction="x", source=image, target=np.zeros((3, 8, 8), np.float32))
+
+
+def test_edits_with_several_sources_keep_each_in_order_under_one_prompt(tmp_path: Path) -> None:
+    root = tmp_path / "edits"
+    root.mkdir()
+    for name, value in (("a", 30), ("b", 90), ("t", 200)):
+        (root / f"{name}.png").write_bytes(png_bytes(value))
+    rows = [{"instruction": "put a on b", "source": "a.png", "second": "b.png", "target": "t.png"}]
+    dataset = _edits(_table(root, rows), more_source_columns=["second"])
+    acquire_dataset(dataset, tmp_path / "out", where="datasets.edits")
+    [record] = read_shards(tmp_path / "out" / "train", read_json(tmp_path / "out" / "train" / "manifest.json"))
+    instruction, digests = parse_edit_sources(record.prompt)
+    assets = tmp_path / "out" / "assets"
+    assert instruction == "put a on b" and len(digests) == 2 and parse_edit_prompt(record.prompt)[1] == digests[0]
+    assert record.metadata["source_images"] == [f"sources/{digest}.png" for digest in digests]
+    for digest, value in zip(digests, (30, 90), strict=True):  # each source's own file, in the table's order
+        stored = np.asarray(Image.open(source_file(assets, digest)), dtype=np.float32)
+        assert stored.shape == (8, 8, 3) and abs(float(stored[..., 0].mean()) - value) < 2  # red: the value
+    with pytest.raises(FlowpostError, match="no source-image column 'third'.*fix more_source_columns"):
+        acquire_dataset(_edits(_table(root, rows), more_source_columns=["third"]), tmp_path / "again", where="d")
+    image = np.zeros((3, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="source 2 .* and target .* differ in shape"):
+        EditPair(key="e", instruction="x", source=image, target=image, more_sources=(np.zeros((3, 8, 8), np.float32),))
+
+
+def test_a_condition_cache_holds_edits_of_one_number_of_sources() -> None:
+    one, two = edit_prompt("x", "0" * 16), edit_prompt("y", "0" * 16, "1" * 16)
+    assert source_count(["", one]) == 1 and source_count([two, ""]) == 2 and source_count(["a cat"]) == 1
+    with pytest.raises(ValueError, match=r"different numbers of source images \(\[1, 2\]\)"):
+        source_count([one, two])

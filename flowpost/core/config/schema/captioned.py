@@ -91,6 +91,9 @@ class EditPairsDataset(FileDataset):
     caption_column: str | None = Field("instruction", description="the field holding each edit's instruction")
     source_column: str = Field("source", description="the field of the image the instruction applies to")
     target_column: str = Field("target", description="the field of the image the edit should give")
+    more_source_columns: list[str] = Field(
+        [], description="the fields of further source images, in order (Picture 2, 3, ...: qwen-image-edit-plus)"
+    )
 
 
 class WebShardsDataset(CaptionedDataset):

@@ -13,6 +13,7 @@ SOURCES: dict[str, type[DatasetBase]] = {}  # source -> its model, filled as the
 # the order of the keys in a dataset's dump, as params files written by one model for all sources hold them
 DUMP_ORDER = (
     *("source", "path", "sample", "allow_outside", "chosen_column", "rejected_column", "source_column"),
+    "more_source_columns",
     *("target_column", "image_size"),
     *("test_fraction", "split_seed", "caption_column", "image_column", "shards", "image_keys", "caption_keys"),
     *("hub", "frames", "preprocess", "split", "max_caption_chars", "max_bad_fraction", "trajectories"),

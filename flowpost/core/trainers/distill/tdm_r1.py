@@ -31,7 +31,6 @@ from flowpost.core.trainers.objective import Metrics, Objective
 from flowpost.core.trainers.rl.dgpo import group_preference_loss, old_decay
 from flowpost.core.trainers.rl.rollout import Rollout
 from flowpost.core.trainers.role_plan import RoleUpdatePlan
-from flowpost.errors import FlowpostError
 
 SURROGATE = "surrogate"
 
@@ -101,13 +100,6 @@ class TDMR1Trainer(TDMTrainer):
 
     def setup(self) -> None:
         super().setup()
-        processes = self.accelerator.num_processes
-        if self.args.prompts_per_iteration % processes:
-            raise FlowpostError(
-                f"every rank needs whole groups: prompts_per_iteration ({self.args.prompts_per_iteration}) must be a "
-                f"multiple of the number of processes ({processes})",
-                where=f"stages.{self.stage}.train.prompts_per_iteration",
-            )
         self.plan = RoleUpdatePlan(((FAKE_SCORE, self.args.ttur), (GENERATOR, 1), (SURROGATE, 1)))
         self.unguided = ScorePair(self.adapter, 1.0)  # the teacher without guidance: the surrogate's start
         self.reference = Snapshot.REFERENCE if self.args.dynamic_reference else Snapshot.TEACHER

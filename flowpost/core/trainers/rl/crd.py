@@ -30,7 +30,6 @@ from flowpost.core.trainers.objective import Metrics, Objective, accumulate
 from flowpost.core.trainers.rl.dgpo import stratified_indices, trained_step_span
 from flowpost.core.trainers.rl.nft import optimality_weights
 from flowpost.core.trainers.rl.rollout import Rollout
-from flowpost.errors import FlowpostError
 
 DecaySchedule = tuple[int, float, float, float]  # (start step, start value, slope per step, end value)
 
@@ -183,13 +182,6 @@ class CRDTrainer(GenerationTrainer):
 
     def setup(self) -> None:
         args, where = self.args, f"stages.{self.stage}"
-        processes = self.accelerator.num_processes
-        if args.prompts_per_iteration % processes:
-            raise FlowpostError(
-                f"every rank needs whole groups: prompts_per_iteration ({args.prompts_per_iteration}) must be a "
-                f"multiple of the number of processes ({processes})",
-                where=f"{where}.train.prompts_per_iteration",
-            )
         self.sigma_table = self.adapter.inference_sigmas(self.sampling.steps)
         self.span = trained_step_span(self.sigma_table, args.timestep_range)
         self.train_timesteps = args.train_timesteps or max(1, int(self.sampling.steps * args.timestep_range))

@@ -129,13 +129,6 @@ class DGPOTrainer(GenerationTrainer):
         if problems := args.sampling_problems(self.sampling):
             path, _, why = problems[0].partition(": ")
             raise FlowpostError(why, where=f"{where}.{path}")
-        processes = self.accelerator.num_processes
-        if args.prompts_per_iteration % processes:
-            raise FlowpostError(
-                f"every rank needs whole groups: prompts_per_iteration ({args.prompts_per_iteration}) must be a "
-                f"multiple of the number of processes ({processes})",
-                where=f"{where}.train.prompts_per_iteration",
-            )
         self.sigma_table = self.adapter.inference_sigmas(self.sampling.steps)
         self.span = trained_step_span(self.sigma_table, args.timestep_range)
         available = self.span[1] - self.span[0]

@@ -26,7 +26,6 @@ from flowpost.core.trainers.preference import (
     preference_margin,
 )
 from flowpost.core.trainers.rl.rollout import Rollout
-from flowpost.errors import FlowpostError
 
 
 class OnlineDPOArguments(OnlineArguments):
@@ -85,16 +84,9 @@ class OnlineDPOTrainer(GenerationTrainer):
     Arguments = OnlineDPOArguments
     args: OnlineDPOArguments
     captured_snapshots = {Snapshot.REFERENCE: None}
+    groups_on_one_rank = True  # pairs are drawn within a group
 
     def setup(self) -> None:
-        processes = self.accelerator.num_processes
-        if self.args.prompts_per_iteration % processes:
-            raise FlowpostError(
-                f"online DPO pairs samples within a group, so every rank needs whole groups: "
-                f"prompts_per_iteration ({self.args.prompts_per_iteration}) must be a multiple of the "
-                f"number of processes ({processes})",
-                where=f"stages.{self.stage}.train.prompts_per_iteration",
-            )
         self.adapter.snapshots.capture(Snapshot.REFERENCE, self.adapter.module())
         self._reference_step = 0
 
