@@ -177,6 +177,22 @@ def test_the_null_prompt_has_no_source_latents_and_a_missing_source_is_named(
         encoder.encode([edit_prompt("make it red", "0" * 16)])
 
 
+def test_edits_of_several_sources_are_refused(flux1_kontext_pipeline_dir: Path, tmp_path: Path) -> None:
+    from flowpost.core.edit_prompts import edit_prompt, source_file
+    from flowpost.core.models.edit_encoder import EditPrompts
+    from flowpost.core.models.pretrained import PretrainedSource
+
+    digests = ("1" * 16, "2" * 16)
+    for digest, image in zip(digests, _sources(), strict=True):
+        source_file(tmp_path, digest).parent.mkdir(exist_ok=True)
+        image.save(source_file(tmp_path, digest))
+    source = PretrainedSource(str(flux1_kontext_pipeline_dir))
+    encoder = EditPrompts(Flux1KontextAdapter, source, T5_LENGTH, source_dirs=(tmp_path,), sources=2)
+    with pytest.raises(FlowpostError, match=r"flux1-kontext reads one source image per edit; .* name 2") as info:
+        encoder.encode([edit_prompt("put the cat on the car", *digests)])
+    assert info.value.where == "conditions"
+
+
 def test_the_memory_preflight_counts_the_source_tokens(adapter) -> None:
     from flowpost.core.models.footprint import model_footprint
 
