@@ -59,12 +59,8 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "qwen-image-edit": Checkpoint("Qwen/Qwen-Image-Edit", "qwen-image-edit", 3072, shares="qwen-image"),
     "qwen-image-edit-2509": Checkpoint("Qwen/Qwen-Image-Edit-2509", "qwen-image-edit-plus", 3072, shares="qwen-image"),
 }
-TOKENIZED = (
-    "text_encoder",
-    "tokenizer",
-    "processor",
-)  # components (and their _2 ...) built around the local tokenizer:
-# never shared
+# components (text_encoder_2 ... too) built around the local tokenizers: never shared
+TOKENIZED = ("text_encoder", "tokenizer", "processor")
 VISION_TOKENS = {  # Qwen2.5-VL's vision token ids, set to the local tokenizer's where it has them (the edit ones)
     "vision_start_token_id": "<|vision_start|>",
     "vision_end_token_id": "<|vision_end|>",
