@@ -81,6 +81,14 @@ def flux1_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def flux1_kontext_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random FLUX.1-Kontext-dev diffusers pipeline folder (``tests/tiny_flux1_kontext_pipeline.py``)."""
+    from tiny_flux1_kontext_pipeline import build_tiny_flux1_kontext_pipeline
+
+    return build_tiny_flux1_kontext_pipeline(tmp_path_factory.mktemp("flux1-kontext") / "pipeline")
+
+
+@pytest.fixture(scope="session")
 def wan2_pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Wan2.1-shaped T2V diffusers pipeline folder (``tests/tiny_wan2_pipeline.py``)."""
     from tiny_wan2_pipeline import build_tiny_wan2_pipeline

@@ -1,4 +1,4 @@
-"""Shape-faithful pipeline folders: the published configs of eleven real checkpoints (``docs/shapes/``), built
+"""Shape-faithful pipeline folders: the published configs of twelve real checkpoints (``docs/shapes/``), built
 locally with random bf16 weights, one block of each block kind, one text-encoder layer (FLUX.2: the layers its
 pipelines read) and tokenizers trained here; a checkpoint that ``shares`` another's components links them.
 
@@ -47,6 +47,7 @@ class Checkpoint:
 CHECKPOINTS: dict[str, Checkpoint] = {
     "sd3.5-medium": Checkpoint("stabilityai/stable-diffusion-3.5-medium", "sd3", 1536),
     "flux1-dev": Checkpoint("black-forest-labs/FLUX.1-dev", "flux1", 3072),
+    "flux1-kontext-dev": Checkpoint("black-forest-labs/FLUX.1-Kontext-dev", "flux1-kontext", 3072, shares="flux1-dev"),
     "qwen-image": Checkpoint("Qwen/Qwen-Image", "qwen-image", 3072),
     "wan2.1-t2v-1.3b": Checkpoint("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan2", 1536),
     "wan2.2-ti2v-5b": Checkpoint("Wan-AI/Wan2.2-TI2V-5B-Diffusers", "wan2", 3072),
@@ -58,7 +59,8 @@ CHECKPOINTS: dict[str, Checkpoint] = {
     "qwen-image-edit": Checkpoint("Qwen/Qwen-Image-Edit", "qwen-image-edit", 3072, shares="qwen-image"),
     "qwen-image-edit-2509": Checkpoint("Qwen/Qwen-Image-Edit-2509", "qwen-image-edit-plus", 3072, shares="qwen-image"),
 }
-TOKENIZED = ("text_encoder", "tokenizer", "processor")  # components built around the local tokenizer: never shared
+# components (text_encoder_2 ... too) built around the local tokenizers: never shared
+TOKENIZED = ("text_encoder", "tokenizer", "processor")
 VISION_TOKENS = {  # Qwen2.5-VL's vision token ids, set to the local tokenizer's where it has them (the edit ones)
     "vision_start_token_id": "<|vision_start|>",
     "vision_end_token_id": "<|vision_end|>",
@@ -145,7 +147,7 @@ def tokenizers(checkpoint: str) -> dict[str, Any]:
     if family in ("wan2", "wan22-a14b"):
         return {"tokenizer": t5}
     clip = clip_tokenizer(max_length=CLIP_LENGTH)
-    if family == "flux1":
+    if family in ("flux1", "flux1-kontext"):
         return {"tokenizer": clip, "tokenizer_2": t5}
     return {"tokenizer": clip, "tokenizer_2": clip, "tokenizer_3": t5}
 
@@ -190,7 +192,7 @@ def shared_components(checkpoint: str) -> list[str]:
         name
         for name, value in index.items()
         if isinstance(value, list)
-        and name not in TOKENIZED
+        and not name.startswith(TOKENIZED)
         and theirs.get(name) == value
         and published(checkpoint, name) == published(other, name)
     ]
@@ -232,21 +234,31 @@ def build_folder(checkpoint: str, out: Path, *, seed: int = 0, shared: Path | No
 
 
 def is_edit(checkpoint: str) -> bool:
-    """Whether the checkpoint's pipeline edits source images (its model index has a ``processor``)."""
-    return "processor" in published(checkpoint, "model_index")
+    """Whether the checkpoint's family edits source images (an ``EditAdapter``)."""
+    from flowpost.core.models.edit_family import EditAdapter
+    from flowpost.core.models.registry import adapter_class
+
+    return issubclass(adapter_class(CHECKPOINTS[checkpoint].family), EditAdapter)
 
 
 def seeded_edit_conditions(checkpoint: str, prompts: list[str], *, grid: int = 4) -> ConditionBatch:
     """Edit conditions of ``prompts`` at the checkpoint's published widths, drawn from one generator per prompt:
-    6 token states as wide as its text encoder (the last one padding after the first row) and ``grid x grid``
-    packed source tokens as wide as its transformer's input, flattened in ``pooled``.
+    6 token states as wide as its text encoder and ``grid x grid`` packed source tokens as wide as its
+    transformer's input, flattened in ``pooled`` (FLUX.1-Kontext: T5's states, unmasked, and a pooled CLIP vector
+    before the source; Qwen-Image-Edit: Qwen2.5-VL's, the last one padding after the first row).
 
     The stock pipelines read every source at 1024 x 1024 pixels: at the published VAE width one encode takes
     minutes on a CPU and a 64 x 64 grid of source tokens makes every transformer pass seconds long, so the
     training rows take seeded conditions on a small grid; the stock pipeline's own row encodes a real source."""
-    width = published(checkpoint, "text_encoder")["hidden_size"]
-    channels = published(checkpoint, "transformer")["in_channels"]
+    index, transformer = published(checkpoint, "model_index"), published(checkpoint, "transformer")
+    channels = transformer["in_channels"]
     generators = [torch.Generator().manual_seed(sum(map(ord, prompt))) for prompt in prompts]
+    if "text_encoder_2" in index:  # FLUX.1-Kontext: CLIP's pooled vector, then the source, in ``pooled``
+        width, pooled = published(checkpoint, "text_encoder_2")["d_model"], transformer["pooled_projection_dim"]
+        states = torch.stack([torch.randn(6, width, generator=g) for g in generators])
+        values = torch.stack([torch.randn(pooled + grid * grid * channels, generator=g) for g in generators])
+        return ConditionBatch(states, torch.ones(len(prompts), 6, dtype=torch.int8), values)
+    width = published(checkpoint, "text_encoder")["hidden_size"]
     states = torch.stack([torch.randn(6, width, generator=g) for g in generators])
     mask = torch.ones(len(prompts), 6, dtype=torch.int8)
     mask[1:, -1] = 0
@@ -262,7 +274,7 @@ def stock_pipeline(checkpoint: str, folder: Path, **components: Any) -> Any:
     from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
     from flowpost.core.models.pretrained import PretrainedSource
 
-    if is_edit(checkpoint):
+    if PROCESSOR in published(checkpoint, "model_index"):
         components.setdefault(PROCESSOR, load_image_text_processor(PretrainedSource(str(folder))))
     pipeline_class = getattr(diffusers, published(checkpoint, "model_index")["_class_name"])
     return pipeline_class.from_pretrained(folder, torch_dtype=DTYPE, **components)

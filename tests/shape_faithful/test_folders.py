@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from PIL import Image
 
 from flowpost.core.models.footprint import attention_width
 from flowpost.core.models.pretrained import PretrainedSource
@@ -24,6 +25,7 @@ SIDE, FRAMES, STEPS = 64, 5, 2  # the stock pipelines' tiny output: 64 x 64 pixe
 FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small latent shape (sd3's is fixed)
     "sd3": {},
     "flux1": {"resolution": 128},
+    "flux1-kontext": {"resolution": 128},
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "wan22-a14b": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
@@ -34,6 +36,9 @@ FAMILY_OPTIONS: dict[str, dict[str, Any]] = {  # model.options giving a small la
     "qwen-image-edit-plus": {"resolution": 128},
 }
 VIDEO = ("wan2", "wan22-a14b")
+# the stock edit pipelines' source options: Qwen-Image-Edit's read it at 1024 x 1024 pixels whatever its size;
+# Kontext's keep it at its own 64 px (not the 1024 px the family trains with)
+EDIT_OPTIONS: dict[str, dict[str, Any]] = {"flux1-kontext": {"_auto_resize": False, "max_area": SIDE * SIDE}}
 
 
 @pytest.fixture(autouse=True)
@@ -49,10 +54,9 @@ def _generate(checkpoint: str, folder: Path) -> torch.Tensor:
     options: dict[str, Any] = {"height": SIDE, "width": SIDE, "num_inference_steps": STEPS, "output_type": "pt"}
     if CHECKPOINTS[checkpoint].family in VIDEO:
         options["num_frames"] = FRAMES
-    if is_edit(checkpoint):  # read at 1024 x 1024 pixels by the stock pipeline, whatever its size
-        from PIL import Image
-
-        options["image"] = Image.new("RGB", (SIDE, SIDE), (200, 40, 40))
+    if is_edit(checkpoint):
+        family = CHECKPOINTS[checkpoint].family
+        options.update(image=Image.new("RGB", (SIDE, SIDE), (200, 40, 40)), **EDIT_OPTIONS.get(family, {}))
     with torch.no_grad():
         output = pipeline(prompt=PROMPT, generator=torch.Generator().manual_seed(0), **options)
     return output.frames if CHECKPOINTS[checkpoint].family in VIDEO else output.images

@@ -39,6 +39,7 @@ SIDE, FRAMES = 64, 5
 OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 x 5 video
     "sd3": {"resolution": 128},
     "flux1": {"resolution": 128},
+    "flux1-kontext": {"resolution": 128},
     "qwen-image": {"resolution": 128},
     "wan2": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
     "wan22-a14b": {"height": SIDE, "width": SIDE, "num_frames": FRAMES},
@@ -51,6 +52,7 @@ OPTIONS: dict[str, dict[str, Any]] = {  # small latents: 128 px images, 64 x 64 
 MEDIA = {
     "sd3": (3, 128, 128),
     "flux1": (3, 128, 128),
+    "flux1-kontext": (3, 128, 128),
     "qwen-image": (3, 128, 128),
     "wan2": (3, FRAMES, SIDE, SIDE),
     "wan22-a14b": (3, FRAMES, SIDE, SIDE),
@@ -63,6 +65,7 @@ MEDIA = {
 DEFAULT_STEPS = {  # the stock num_inference_steps
     "sd3": 28,
     "flux1": 28,
+    "flux1-kontext": 28,
     "qwen-image": 50,
     "wan2": 50,
     "wan22-a14b": 50,
@@ -78,12 +81,14 @@ FULL_OPTIONS = {EXPERTS: {"experts": "high"}}  # one 5120-wide expert in fp32 wi
 # take 35 GB, past what this tier runs on; the edit checkpoints fine-tune Qwen-Image's transformer (the same
 # config): their full fine-tuning rows would repeat Qwen-Image's
 EDITS_OF_QWEN_IMAGE = ("qwen-image-edit", "qwen-image-edit-2509")
-FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in ("flux2-dev", *EDITS_OF_QWEN_IMAGE)]
+# FLUX.1-Kontext-dev's transformer is FLUX.1-dev's (same config, same linked weights here), whose rows train it
+NOT_TRAINED = ("flux2-dev", "flux1-kontext-dev")
+FULL_FINE_TUNED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in (*NOT_TRAINED, *EDITS_OF_QWEN_IMAGE)]
 # and its LoRA GRPO stage needs about 10 GB and longer than this whole tier's budget on a 2-core CPU: the dev
 # folder is checked by the stock pipeline, the adapter's load and the SDE grid; klein carries the family's rows.
 # Edit-Plus trains as Qwen-Image-Edit does on seeded conditions (another source count alone): Qwen-Image-Edit's
 # row carries both
-LORA_TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in ("flux2-dev", "qwen-image-edit-2509")]
+LORA_TRAINED = [checkpoint for checkpoint in CHECKPOINTS if checkpoint not in (*NOT_TRAINED, "qwen-image-edit-2509")]
 LR = 1e-5
 
 

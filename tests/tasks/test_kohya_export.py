@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import torch
 from pretrained_stage import with_model
+from tiny_flux1_kontext_pipeline import RESOLUTION as KONTEXT_RESOLUTION
+from tiny_flux1_kontext_pipeline import load_flux1_kontext_adapter, seeded_kontext_latents
 from tiny_flux1_pipeline import RESOLUTION as FLUX1_RESOLUTION
 from tiny_flux1_pipeline import load_flux1_adapter
 from tiny_qwen_image_pipeline import MAX_LENGTH as QWEN_IMAGE_MAX_LENGTH
@@ -76,6 +78,12 @@ def flux1_kohya(flux1_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="module")
+def flux1_kontext_kohya(flux1_kontext_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    adapter = load_flux1_kontext_adapter(flux1_kontext_pipeline_dir)
+    return adapter, _trained_export(adapter, tmp_path_factory.mktemp("flux1-kontext-kohya"), FLUX1_TARGETS)
+
+
+@pytest.fixture(scope="module")
 def qwen_image_kohya(qwen_image_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     adapter = load_qwen_image_adapter(qwen_image_pipeline_dir)
     return adapter, _trained_export(adapter, tmp_path_factory.mktemp("qwen-image-kohya"), None)
@@ -83,6 +91,13 @@ def qwen_image_kohya(qwen_image_pipeline_dir: Path, tmp_path_factory: pytest.Tem
 
 SAMPLING: dict[str, dict[str, Any]] = {  # the stock pipeline's call: 4 steps at the tiny folders' size
     "flux1": {"max_sequence_length": T5_LENGTH, "height": FLUX1_RESOLUTION, "width": FLUX1_RESOLUTION},
+    "flux1-kontext": {  # seeded source latents, which the pipeline packs as given
+        "max_sequence_length": T5_LENGTH,
+        "height": KONTEXT_RESOLUTION,
+        "width": KONTEXT_RESOLUTION,
+        "max_area": KONTEXT_RESOLUTION**2,
+        "image": seeded_kontext_latents(PROMPTS),
+    },
     "qwen-image": {
         "max_sequence_length": QWEN_IMAGE_MAX_LENGTH,
         "height": QWEN_IMAGE_RESOLUTION,
@@ -97,6 +112,7 @@ SAMPLING: dict[str, dict[str, Any]] = {  # the stock pipeline's call: 4 steps at
     ("family", "exported", "folder", "pipeline_class"),
     [
         ("flux1", "flux1_kohya", "flux1_pipeline_dir", "FluxPipeline"),
+        ("flux1-kontext", "flux1_kontext_kohya", "flux1_kontext_pipeline_dir", "FluxKontextPipeline"),
         ("qwen-image", "qwen_image_kohya", "qwen_image_pipeline_dir", "QwenImagePipeline"),
     ],
 )
@@ -114,7 +130,7 @@ def test_the_kohya_file_generates_in_the_stock_pipeline_what_the_diffusers_lora_
         if lora is not None:
             pipe.load_lora_weights(lora)
         options = {"num_inference_steps": 4, "output_type": "latent", **SAMPLING[family]}
-        return pipe(PROMPTS, latents=noise.clone(), **options).images
+        return pipe(prompt=PROMPTS, latents=noise.clone(), **options).images
 
     expected = latents(export / "lora")
     torch.testing.assert_close(latents(export / KOHYA_LORA_FILE), expected, rtol=0, atol=1e-5)
@@ -153,7 +169,7 @@ def _export_refused(config: dict[str, Any], *fragments: str) -> None:
 def test_a_family_diffusers_loads_no_kohya_file_of_is_refused(tiny_pipeline) -> None:
     config = tiny_pipeline()
     config["export"]["formats"] = ["diffusers", "kohya"]
-    _export_refused(config, "families flux1, qwen-image", "'tiny-sd3'")
+    _export_refused(config, "families flux1, flux1-kontext, qwen-image", "'tiny-sd3'")
 
 
 def _flux1_kohya(tiny_pipeline, folder: Path, **model: Any) -> dict[str, Any]:

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_flux1_kontext_pipeline import RESOLUTION as KONTEXT_RESOLUTION
+from tiny_flux1_kontext_pipeline import load_flux1_kontext_adapter, seeded_kontext_latents
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 from tiny_flux2_pipeline import DEV_MAX_LENGTH, KLEIN_MAX_LENGTH, load_flux2_adapter, load_flux2_klein_adapter
 from tiny_qwen_image_pipeline import MAX_LENGTH as QWEN_IMAGE_MAX_LENGTH
@@ -139,6 +141,41 @@ def test_the_stock_flux_pipeline_generates_what_flowpost_samples(flux1_export, f
 
 
 @pytest.fixture(scope="module")
+def flux1_kontext_export(
+    flux1_kontext_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, Path]:
+    adapter = _perturbed_lora(load_flux1_kontext_adapter(flux1_kontext_pipeline_dir))
+    return adapter, _export(adapter, tmp_path_factory.mktemp("flux1-kontext-export"), ("diffusers", "pipeline"))
+
+
+def _stock_kontext_latents(pipe: Any, noise: torch.Tensor, distilled_guidance: float) -> torch.Tensor:
+    options = {"num_inference_steps": STEPS, "guidance_scale": distilled_guidance, "max_sequence_length": T5_LENGTH}
+    size = {"height": KONTEXT_RESOLUTION, "width": KONTEXT_RESOLUTION, "max_area": KONTEXT_RESOLUTION**2}
+    sources = seeded_kontext_latents(PROMPTS)  # source latents, which the pipeline packs as given
+    return pipe(image=sources, prompt=PROMPTS, latents=noise.clone(), output_type="latent", **size, **options).images
+
+
+@pytest.mark.parametrize("route", ["lora", "transformer", "pipeline"])
+def test_the_stock_kontext_pipeline_edits_as_flowpost_samples(flux1_kontext_export, flux1_kontext_pipeline_dir, route):
+    from diffusers import FluxKontextPipeline, FluxTransformer2DModel
+
+    from flowpost.core.models.pipeline_prompts import unmasked
+
+    adapter, export = flux1_kontext_export
+    pipe = _stock_pipeline(route, export, flux1_kontext_pipeline_dir, FluxKontextPipeline, FluxTransformer2DModel)
+    noise = _noise(adapter)
+    untrained = FluxKontextPipeline.from_pretrained(flux1_kontext_pipeline_dir)
+    embeds, pooled, _ = untrained.encode_prompt(PROMPTS, prompt_2=None, max_sequence_length=T5_LENGTH)
+    sources = untrained._pack_latents(seeded_kontext_latents(PROMPTS), len(PROMPTS), 16, 8, 8).flatten(1)
+    state = adapter.prepare_condition_state(unmasked(embeds, torch.cat([pooled, sources], dim=1)))
+    with torch.no_grad():  # the distilled guidance only: no true CFG, as the stock pipeline by default
+        expected = sample_ode(adapter, noise, state, adapter.inference_sigmas(STEPS))
+    guidance = adapter.distilled_guidance
+    torch.testing.assert_close(_stock_kontext_latents(pipe, noise, guidance), expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(_stock_kontext_latents(untrained, noise, guidance), expected, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
 def qwen_image_export(qwen_image_pipeline_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     adapter = _perturbed_lora(load_qwen_image_adapter(qwen_image_pipeline_dir))
     return adapter, _export(adapter, tmp_path_factory.mktemp("qwen-image-export"), ("diffusers", "pipeline"))
@@ -255,6 +292,7 @@ def test_a_flux2_export_documents_its_folders(flux2_export: dict[str, Any]) -> N
     [
         ("sd3_export", "SD3Transformer2DModel"),
         ("flux1_export", "FluxTransformer2DModel"),
+        ("flux1_kontext_export", "FluxTransformer2DModel"),
         ("qwen_image_export", "QwenImageTransformer2DModel"),
         ("z_image_export", "ZImageTransformer2DModel"),
     ],

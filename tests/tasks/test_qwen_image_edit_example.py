@@ -10,11 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
-from PIL import Image
+from edit_pairs import EDITS, write_edits
 from pretrained_stage import TINY_ROLLOUTS
 from tiny_qwen_image_edit_pipeline import INSTRUCTIONS, MAX_LENGTH, RESOLUTION, load_stock_edit_pipeline
 from tiny_vlm import build_tiny_vlm
@@ -24,24 +23,6 @@ from flowpost.core.events import read_events
 from flowpost.core.models.registry import load_adapter
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "qwen-image-edit.yaml"
-EDITS = 2
-
-
-def write_edits(folder: Path, count: int = EDITS, *, more: tuple[str, ...] = ()) -> Path:
-    """``count`` random 40 px source and target PNGs (and one more source per column of ``more``) and the table
-    naming them with instructions."""
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True)
-    rows = []
-    for i in range(count):
-        for part in ("source", "target", *more):
-            pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(folder / f"{part}-{i}.png")
-        row = {"instruction": INSTRUCTIONS[i % len(INSTRUCTIONS)], "source": f"source-{i}.png"}
-        rows.append({**row, "target": f"target-{i}.png", **{part: f"{part}-{i}.png" for part in more}})
-    table = folder / "pairs.jsonl"
-    table.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return table
 
 
 FAMILIES = {  # family -> its tiny folder's fixture, the further source columns, its stock pipeline
@@ -58,7 +39,7 @@ def test_edit_pairs_train_through_sft_and_grpo_and_export(request, family: str, 
     folder, judge = str(request.getfixturevalue(fixture)), str(build_tiny_vlm(tmp_path / "judge"))
     config["smoke"] = True
     config["datasets"]["edits"].update(
-        path=str(write_edits(tmp_path / "edits", more=more)),
+        path=str(write_edits(tmp_path / "edits", INSTRUCTIONS, more=more)),
         preprocess={"resolution": RESOLUTION, "mode": "rgb"},
         split={"eval": 0.0},
         **({"more_source_columns": list(more)} if more else {}),

@@ -60,23 +60,35 @@ class Flux1Adapter(PackedLatentFamily):
     def predict_velocity(self, latents: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
         """The transformer at ``timestep = sigma`` (the stock pipeline's ``t / 1000``), with image and
         text ids and, for dev, the distilled guidance; in the latents' dtype."""
+        return self.flux_velocity(latents, self.image_ids(self.latent_size // 2, latents), sigma, state)
+
+    @staticmethod
+    def image_ids(side: int, like: Tensor, *, first: int = 0) -> Tensor:
+        """The stock pipeline's ids ``[side * side, 3]`` of a square grid of packed tokens (row, column in the last
+        two coordinates, ``first`` in the first), on ``like``'s device and dtype."""
         from diffusers import FluxPipeline
 
+        ids = FluxPipeline._prepare_latent_image_ids(1, side, side, like.device, like.dtype)
+        ids[:, 0] = first
+        return ids
+
+    def flux_velocity(self, hidden: Tensor, img_ids: Tensor, sigma: Tensor, state: ConditionState) -> Tensor:
+        """The transformer's output at every token of ``hidden`` placed at ``img_ids``, read with the text of
+        ``state`` (a ``TextState``) and, for dev, the distilled guidance; in ``hidden``'s dtype."""
         assert isinstance(state, TextState)
-        batch, device, dtype = latents.shape[0], latents.device, latents.dtype
+        batch, device, dtype = hidden.shape[0], hidden.device, hidden.dtype
         tokens = state.encoder_hidden_states.to(device=device, dtype=dtype)
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((batch,), self.distilled_guidance, device=device, dtype=torch.float32)
-        half = self.latent_size // 2
         return self.transformer(
-            hidden_states=latents,
+            hidden_states=hidden,
             timestep=torch.as_tensor(sigma, dtype=dtype, device=device).expand(batch),
             guidance=guidance,
             pooled_projections=state.pooled_projections.to(device=device, dtype=dtype),
             encoder_hidden_states=tokens,
             txt_ids=torch.zeros(tokens.shape[1], 3, device=device, dtype=dtype),
-            img_ids=FluxPipeline._prepare_latent_image_ids(batch, half, half, device, dtype),
+            img_ids=img_ids,
             return_dict=False,
         )[0]
 

@@ -8,6 +8,7 @@ from flowpost.core.models.kohya_lora import KohyaLayout, diffusers_names
 
 KOHYA_LAYOUTS: dict[str, KohyaLayout] = {
     "flux1": FLUX1_KOHYA,
+    "flux1-kontext": FLUX1_KOHYA,  # FLUX.1's transformer: diffusers' Kontext pipeline loads its kohya files alike
     # published with diffusers' module names; musubi-tuner's network module
     "qwen-image": KohyaLayout(diffusers_names, {"ss_network_module": "networks.lora_qwen_image"}),
 }

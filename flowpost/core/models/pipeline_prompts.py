@@ -62,18 +62,23 @@ class PipelinePrompts:
     @cached_property
     def pipeline(self) -> Any:
         import diffusers
-        import transformers
 
         self.source.check_components()
-        parts: dict[str, Any] = {}
+        pipeline = getattr(diffusers, self.family.pipeline_class)(transformer=None, scheduler=None, **self.components())
+        return pipeline.to(self.device)
+
+    def components(self) -> dict[str, Any]:
+        """The pipeline components the encoding reads: the text encoders and tokenizers (no VAE)."""
+        import transformers
+
+        parts: dict[str, Any] = {"vae": None}
         for index, (encoder, tokenizer) in enumerate(self.family.text_models):
             suffix = f"_{index + 1}" if index else ""
             parts[f"text_encoder{suffix}"] = self.source.load(f"text_encoder{suffix}", getattr(transformers, encoder))
             parts[f"tokenizer{suffix}"] = self.source.load(
                 f"tokenizer{suffix}", getattr(transformers, tokenizer), weights=False
             )
-        pipeline = getattr(diffusers, self.family.pipeline_class)(transformer=None, scheduler=None, vae=None, **parts)
-        return pipeline.to(self.device)
+        return parts
 
     @cached_property
     def fingerprint(self) -> str:

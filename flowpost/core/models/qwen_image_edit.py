@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
-from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from flowpost.core.conditions import ConditionBatch, ConditionState
-from flowpost.core.models.edit_encoder import SOURCE_AREA, EditPrompts
+from flowpost.core.models.edit_encoder import packed_sources, padded_cat
+from flowpost.core.models.edit_family import SOURCE_SIDE, EditAdapter
 from flowpost.core.models.edit_state import EditState
 from flowpost.core.models.image_text_processor import PROCESSOR, load_image_text_processor
 from flowpost.core.models.pretrained import PretrainedSource
@@ -18,7 +17,7 @@ from flowpost.core.models.qwen_image import QwenImageAdapter
 from flowpost.errors import FlowpostError
 
 
-class QwenImageEditAdapter(QwenImageAdapter):
+class QwenImageEditAdapter(EditAdapter, QwenImageAdapter):
     """Qwen-Image's transformer, VAE and scheduler conditioned on an instruction and a source image: the
     instruction is read by Qwen2.5-VL together with the source (the edit template), and the source's packed
     latents follow the noisy latents along the token sequence, with their own patch grid for RoPE; the velocity
@@ -35,40 +34,43 @@ class QwenImageEditAdapter(QwenImageAdapter):
     pipeline_class: ClassVar[str] = "QwenImageEditPipeline"
     samples_with_cfg: ClassVar[bool] = False
 
-    condition_area: ClassVar[int] = SOURCE_AREA  # the pixels Qwen2.5-VL reads each source at
+    condition_area: ClassVar[int] = SOURCE_SIDE**2  # the pixels Qwen2.5-VL reads each source at
 
     @classmethod
-    def prompt_encoder(cls, source: PretrainedSource, *, max_length: int) -> EditPrompts:
-        """The edit pipeline's encoders for the conditions node (bf16 on a GPU; the VAE always fp32); the node
-        sets the number of ``sources`` its edit prompts name."""
-        encoder = EditPrompts.for_conditions(cls, source, max_length=max_length)
-        assert isinstance(encoder, EditPrompts)
-        encoder.condition_area = cls.condition_area
-        return encoder
-
-    @cached_property
-    def text_encoders(self) -> EditPrompts:
-        return EditPrompts(
-            type(self), self.source, self.encoder_max_length, sources=self.sources, condition_area=self.condition_area
-        )
-
-    def encode_edits(self, instructions: list[str], images: list[Any]) -> ConditionBatch:
-        """The conditions of ``instructions`` applied to the PIL ``images``, as the conditions node caches them."""
-        return self.text_encoders.encode_edits(instructions, images)
-
-    def pipeline_components(self) -> dict[str, Any]:
+    def edit_components(cls, source: PretrainedSource) -> dict[str, Any]:
         """The processor, for images and text (``image_text_processor.py``)."""
-        return {PROCESSOR: load_image_text_processor(self.source)}
+        return {PROCESSOR: load_image_text_processor(source)}
 
-    @property
-    def sources(self) -> int:
-        """The source images of one edit."""
-        return 1
+    @classmethod
+    def edit_conditions(
+        cls,
+        pipeline: Any,
+        instructions: list[str],
+        images: list[list[Any]],
+        *,
+        device: torch.device,
+        max_length: int,
+        sources: bool,
+    ) -> ConditionBatch:
+        """As the stock pipeline's ``__call__`` prepares an edit, one edit at a time (the stock batch): each square
+        source resized to ``condition_area`` and read with the instruction by ``encode_prompt``, and resized to
+        ``source_side`` for its packed latents (``packed_sources``), source after source in ``pooled``."""
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
-    @property
-    def condition_tokens(self) -> int:
-        """The packed tokens of the square sources at the stock pipeline's 1024 x 1024 pixels."""
-        return (math.isqrt(SOURCE_AREA) // (self.vae_scale_factor * 2)) ** 2 * self.sources
+        side, _, _ = calculate_dimensions(cls.source_side() ** 2, 1.0)
+        read, _, _ = calculate_dimensions(cls.condition_area, 1.0)
+        parts = []
+        for instruction, row in zip(instructions, images, strict=True):
+            condition = [pipeline.image_processor.resize(image, read, read) for image in row]
+            embeds, mask = pipeline.encode_prompt(
+                prompt=[instruction], image=condition, device=device, max_sequence_length=max_length
+            )
+            if mask is None:  # the pipeline drops a mask without padding
+                mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+            pixels = pipeline.image_processor.preprocess(row, side, side).unsqueeze(2)
+            packed = packed_sources(pipeline, pixels, encode=sources).reshape(1, -1)
+            parts.append(ConditionBatch(embeds.float().cpu(), mask.cpu(), packed.cpu()))
+        return padded_cat(parts)
 
     def prepare_condition_state(self, batch: ConditionBatch) -> EditState:
         return EditState.from_edit_batch(batch, int(self.transformer.config.in_channels), self.sources)

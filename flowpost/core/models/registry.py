@@ -10,6 +10,7 @@ from flowpost.core.plugins import Registry
 
 FAMILIES: dict[str, str] = {
     "flux1": "flowpost.core.models.flux1:Flux1Adapter",
+    "flux1-kontext": "flowpost.core.models.flux1_kontext:Flux1KontextAdapter",
     "flux2": "flowpost.core.models.flux2:Flux2Adapter",
     "flux2-klein": "flowpost.core.models.flux2:Flux2KleinAdapter",
     "qwen-image": "flowpost.core.models.qwen_image:QwenImageAdapter",

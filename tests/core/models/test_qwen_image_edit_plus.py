@@ -147,12 +147,9 @@ def test_the_null_prompt_has_zero_latents_of_every_source_and_a_prompt_must_name
     from flowpost.core.edit_prompts import edit_prompt
     from flowpost.core.models.edit_encoder import EditPrompts
     from flowpost.core.models.pretrained import PretrainedSource
-    from flowpost.core.models.qwen_image_edit_plus import CONDITION_AREA
 
     source = PretrainedSource(str(qwen_image_edit_plus_pipeline_dir))
-    encoder = EditPrompts(
-        QwenImageEditPlusAdapter, source, MAX_LENGTH, source_dirs=(tmp_path,), sources=2, condition_area=CONDITION_AREA
-    )
+    encoder = EditPrompts(QwenImageEditPlusAdapter, source, MAX_LENGTH, source_dirs=(tmp_path,), sources=2)
     batch = encoder.encode([NULL_PROMPT])  # two black squares read by Qwen2.5-VL only: no VAE pass
     assert batch.pooled.shape == (1, PLUS_SOURCES * SOURCE_TOKENS * 64) and not bool(batch.pooled.any())
     with pytest.raises(FlowpostError, match=r"names 1 source image\(s\); qwen-image-edit-plus reads 2 here"):

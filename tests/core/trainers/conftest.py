@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from pipeline_families import PIPELINE_FAMILIES
+from tiny_flux1_kontext_pipeline import RESOLUTION as FLUX1_KONTEXT_RESOLUTION
+from tiny_flux1_kontext_pipeline import seeded_kontext_states
 from tiny_flux1_pipeline import RESOLUTION, load_flux1_adapter
 from tiny_flux2_pipeline import RESOLUTION as FLUX2_RESOLUTION
 from tiny_flux2_pipeline import load_flux2_adapter, load_flux2_klein_adapter
@@ -118,6 +120,16 @@ def flux1_data_dirs(tmp_path_factory: pytest.TempPathFactory, flux1_pipeline_dir
     encode = load_flux1_adapter(flux1_pipeline_dir).encode_conditions
     shape = (3, RESOLUTION, RESOLUTION)
     return write_stage_data(tmp_path_factory.mktemp("flux1-data"), image_shape=shape, encode=encode)
+
+
+@pytest.fixture(scope="session")
+def flux1_kontext_data_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The demonstrations as RGB targets at the tiny FLUX.1-Kontext resolution, each prompt's edit conditions
+    seeded (T5 states, the pooled vector and 4x4 source tokens: the stock 1024 px sources take seconds to encode)."""
+    shape = (3, FLUX1_KONTEXT_RESOLUTION, FLUX1_KONTEXT_RESOLUTION)
+    return write_stage_data(
+        tmp_path_factory.mktemp("flux1-kontext-data"), image_shape=shape, encode=seeded_kontext_states
+    )
 
 
 @pytest.fixture(scope="session")

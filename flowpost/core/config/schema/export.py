@@ -49,6 +49,6 @@ class ExportConfig(OmittingModel):
         default_factory=lambda: ["diffusers"],
         description="diffusers: transformer/ (and lora/ when the stage trained LoRA); pipeline: a complete "
         "diffusers pipeline folder (families loaded from model.pretrained); kohya: the LoRA as one "
-        "lora_kohya.safetensors in the kohya / ComfyUI key layout (flux1, qwen-image)",
+        "lora_kohya.safetensors in the kohya / ComfyUI key layout (flux1, flux1-kontext, qwen-image)",
     )
     promote: PromoteConfig | None = None
