@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORKSPACE ?= workspace
 SITE_DIR ?= site
+# pytest-xdist processes for the default and slow tiers
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-slow lint bench bench-quick docs
 
@@ -23,10 +25,10 @@ demo: $(STAMP)
 		$(BIN)/flowpost run --workspace $(WORKSPACE)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n $(TEST_WORKERS)
 
 bench: $(STAMP)
 	PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 DVC_NO_ANALYTICS=1 \
