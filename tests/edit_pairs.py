@@ -1,5 +1,5 @@
-"""A tiny ``edit-pairs`` table: random source and target PNGs (and further sources) and the rows naming them with
-instructions."""
+"""Random edit inputs: source images, and a tiny ``edit-pairs`` table of source and target PNGs (and further
+sources) with the rows naming them with instructions."""
 
 from __future__ import annotations
 
@@ -10,6 +10,12 @@ import numpy as np
 from PIL import Image
 
 EDITS = 2
+
+
+def random_sources(count: int = 2, side: int = 48, seed: int = 0) -> list[Image.Image]:
+    """``count`` random RGB source images of ``side`` pixels."""
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(count)]
 
 
 def write_edits(folder: Path, instructions: list[str], count: int = EDITS, *, more: tuple[str, ...] = ()) -> Path:

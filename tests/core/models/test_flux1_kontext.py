@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from edit_pairs import random_sources
 from tiny_flux1_kontext_pipeline import (
     RESOLUTION,
     SOURCE_TOKENS,
@@ -32,13 +32,6 @@ from flowpost.errors import FlowpostError
 
 INSTRUCTIONS = ["make it red", "turn the cat into a dog"]
 STEPS = 3
-
-
-def _sources(count: int = 2, side: int = 48) -> list[Any]:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    return [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(count)]
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +176,7 @@ def test_edits_of_several_sources_are_refused(flux1_kontext_pipeline_dir: Path, 
     from flowpost.core.models.pretrained import PretrainedSource
 
     digests = ("1" * 16, "2" * 16)
-    for digest, image in zip(digests, _sources(), strict=True):
+    for digest, image in zip(digests, random_sources(), strict=True):
         source_file(tmp_path, digest).parent.mkdir(exist_ok=True)
         image.save(source_file(tmp_path, digest))
     source = PretrainedSource(str(flux1_kontext_pipeline_dir))
@@ -201,8 +194,8 @@ def test_the_memory_preflight_counts_the_source_tokens(adapter) -> None:
 
 @pytest.mark.slow
 def test_conditions_and_sampling_from_source_images_match_the_stock_pipeline(adapter, stock) -> None:
-    image = _sources()[0]
-    state = adapter.prepare_condition_state(adapter.encode_edits(INSTRUCTIONS, _sources()))
+    image = random_sources()[0]
+    state = adapter.prepare_condition_state(adapter.encode_edits(INSTRUCTIONS, random_sources()))
     assert state.source_latents.shape == (2, SOURCE_TOKENS, 64) and state.source_grid == 32
     assert not torch.allclose(state.source_latents[0], state.source_latents[1])
     noise = _noise(adapter, 1)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from edit_pairs import random_sources
 from tiny_qwen_image_edit_pipeline import (
     MAX_LENGTH,
     RESOLUTION,
@@ -29,13 +29,6 @@ from flowpost.errors import FlowpostError
 INSTRUCTIONS = ["make it red", "turn the cat into a dog"]
 
 
-def _sources(count: int = 2, side: int = 48) -> list[Any]:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    return [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(count)]
-
-
 @pytest.fixture(scope="module")
 def adapter(qwen_image_edit_pipeline_dir: Path) -> QwenImageEditAdapter:
     loaded = load_qwen_image_edit_adapter(qwen_image_edit_pipeline_dir)
@@ -51,7 +44,7 @@ def stock(qwen_image_edit_pipeline_dir: Path) -> Any:
 @pytest.fixture(scope="module")
 def state(adapter: QwenImageEditAdapter) -> EditState:
     """The stock conditions of the two edits (1024 px sources: seconds)."""
-    return adapter.prepare_condition_state(adapter.encode_edits(INSTRUCTIONS, _sources()))
+    return adapter.prepare_condition_state(adapter.encode_edits(INSTRUCTIONS, random_sources()))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +61,7 @@ def _noise(adapter: QwenImageEditAdapter, rows: int, seed: int = 0) -> torch.Ten
 def test_conditions_hold_the_instruction_read_with_the_source_and_its_latents(adapter, stock, state) -> None:
     from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 
-    image = _sources()[0]
+    image = random_sources()[0]
     width, height, _ = calculate_dimensions(1024 * 1024, 1.0)
     resized = stock.image_processor.resize(image, height, width)
     embeds, _ = stock.encode_prompt(INSTRUCTIONS[:1], image=resized)
@@ -80,7 +73,7 @@ def test_conditions_hold_the_instruction_read_with_the_source_and_its_latents(ad
     assert not torch.allclose(state.source_latents[0], state.source_latents[1])
     row = state.index([0])
     torch.testing.assert_close(row.encoder_hidden_states[:, : embeds.shape[1]], embeds, rtol=0, atol=1e-5)
-    other = adapter.prepare_condition_state(adapter.encode_edits(INSTRUCTIONS[:1], _sources(2)[1:]))
+    other = adapter.prepare_condition_state(adapter.encode_edits(INSTRUCTIONS[:1], random_sources(2)[1:]))
     assert not torch.allclose(other.encoder_hidden_states, row.encoder_hidden_states[:, : embeds.shape[1]])
 
 
@@ -88,7 +81,7 @@ def test_conditions_hold_the_instruction_read_with_the_source_and_its_latents(ad
 def test_the_ode_sampler_reproduces_the_stock_edit_pipeline(adapter, stock, state) -> None:
     noise, sigmas = _noise(adapter, 2), adapter.inference_sigmas(3)
     expected = stock(  # the first edit, padded in the batch below
-        image=_sources()[0],
+        image=random_sources()[0],
         prompt=INSTRUCTIONS[0],
         latents=noise[:1].clone(),
         height=RESOLUTION,

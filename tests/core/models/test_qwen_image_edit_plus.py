@@ -5,11 +5,10 @@ VAE-encoded at 1024 x 1024 (seconds on a CPU: those tests are slow; the others r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from edit_pairs import random_sources
 from tiny_qwen_image_edit_pipeline import (
     MAX_LENGTH,
     PLUS_SOURCES,
@@ -28,13 +27,6 @@ from flowpost.errors import FlowpostError
 
 PLUS = "QwenImageEditPlusPipeline"
 INSTRUCTIONS = ["put the cat from picture 1 on the car of picture 2", "swap the two colours"]
-
-
-def _sources(seed: int, side: int = 48) -> list[Any]:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(PLUS_SOURCES)]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +51,7 @@ def test_conditions_and_the_ode_sampler_reproduce_the_stock_edit_plus_pipeline(
     adapter: QwenImageEditPlusAdapter, qwen_image_edit_plus_pipeline_dir: Path
 ) -> None:
     stock = load_stock_edit_pipeline(qwen_image_edit_plus_pipeline_dir, PLUS)
-    images = [_sources(0), _sources(1)]
+    images = [random_sources(PLUS_SOURCES, seed=0), random_sources(PLUS_SOURCES, seed=1)]
     state = adapter.prepare_condition_state(adapter.encode_edits(INSTRUCTIONS, images))
     assert state.source_latents.shape == (2, PLUS_SOURCES * SOURCE_TOKENS, 64) and state.source_grid == 32
     first, second = (state.source_latents[0, i * SOURCE_TOKENS : (i + 1) * SOURCE_TOKENS] for i in range(2))
