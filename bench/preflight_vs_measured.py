@@ -5,7 +5,9 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
                                           [--variants lora full ...] [--resolution 128] [--steps 2]
 
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
-kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process
+kind, bf16 weights); an edit checkpoint's conditions are seeded (``seeded_edit_conditions``) with its source at
+the stock pipeline's 1024 px whatever the stage's resolution (4096 packed tokens), as its conditions node caches them.
+Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process
 (``full-high``: Wan2.2-A14B's high-noise expert trained whole beside the frozen low-noise one). The process first
 computes the preflight's estimate for the stage's config on one process (which imports the family's classes), then
 reads its anonymous resident memory (the baseline), builds the stage, loads its VAE (else the first encode loads it,
