@@ -5,7 +5,9 @@ memory as ``flowpost plan`` estimates it and as a CPU process measures it, for t
                                           [--variants lora full ...] [--resolution 128] [--steps 2]
 
 The folders are ``tests/shape_faithful/build.py``'s (the published configs and widths, one block of each
-kind, bf16 weights). Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process
+kind, bf16 weights); an edit checkpoint's conditions are seeded (``seeded_edit_conditions``) with its source at
+the stock pipeline's 1024 px whatever the stage's resolution (4096 packed tokens), as its conditions node caches them.
+Each variant trains one stage (SFT, the VAE encoding each batch) in a fresh process
 (``full-high``: Wan2.2-A14B's high-noise expert trained whole beside the frozen low-noise one). The process first
 computes the preflight's estimate for the stage's config on one process (which imports the family's classes), then
 reads its anonymous resident memory (the baseline), builds the stage, loads its VAE (else the first encode loads it,
@@ -30,6 +32,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,7 @@ TESTS = BENCH.parent / "tests"
 sys.path[:0] = [str(TESTS)]
 
 from process_memory import anonymous, mapped_resident, mapped_tensors, peak, reset_peak  # noqa: E402
-from shape_faithful.build import CHECKPOINTS, build_folder  # noqa: E402
+from shape_faithful.build import CHECKPOINTS, build_folder, is_edit, seeded_edit_conditions  # noqa: E402
 
 from flowpost.core.callbacks.base import Callback  # noqa: E402
 
@@ -71,6 +74,14 @@ def family_options(family: str, resolution: int) -> dict[str, Any]:
 
 def media_shape(family: str, resolution: int) -> tuple[int, ...]:
     return (3, 5, resolution, resolution) if family in VIDEO else (3, resolution, resolution)
+
+
+def source_grid(family: str) -> int:
+    """The side in packed tokens of an edit family's source as its conditions node reads it: ``source_side``
+    pixels (1024 whatever the stage's resolution), the VAE's 8x and the 2 x 2 packing."""
+    from flowpost.core.models.registry import adapter_class
+
+    return adapter_class(family).source_side() // 16
 
 
 def stage_config(checkpoint: str, folder: Path, variant: str, resolution: int, steps: int) -> dict[str, Any]:
@@ -110,6 +121,9 @@ def prepare(root: Path, checkpoint: str, resolution: int) -> Path:
         ]
         write_json_atomic(data / "train" / "manifest.json", write_shards(records, data / "train"))
     conditions = root / "conditions"
+    if not conditions.is_dir() and is_edit(checkpoint):
+        encode = partial(seeded_edit_conditions, checkpoint, grid=source_grid(family), text_tokens=TEXT_TOKENS)
+        update_condition_cache(conditions, ["", *PROMPTS], encoder_fingerprint=FINGERPRINT, encode=encode)
     if not conditions.is_dir():
         encoder = adapter_class(family).prompt_encoder(PretrainedSource(str(folder)), max_length=TEXT_TOKENS)
         try:

@@ -241,9 +241,11 @@ def is_edit(checkpoint: str) -> bool:
     return issubclass(adapter_class(CHECKPOINTS[checkpoint].family), EditAdapter)
 
 
-def seeded_edit_conditions(checkpoint: str, prompts: list[str], *, grid: int = 4) -> ConditionBatch:
+def seeded_edit_conditions(
+    checkpoint: str, prompts: list[str], *, grid: int = 4, text_tokens: int = 6
+) -> ConditionBatch:
     """Edit conditions of ``prompts`` at the checkpoint's published widths, drawn from one generator per prompt:
-    6 token states as wide as its text encoder and ``grid x grid`` packed source tokens as wide as its
+    ``text_tokens`` token states as wide as its text encoder and ``grid x grid`` packed source tokens as wide as its
     transformer's input, flattened in ``pooled`` (FLUX.1-Kontext: T5's states, unmasked, and a pooled CLIP vector
     before the source; Qwen-Image-Edit: Qwen2.5-VL's, the last one padding after the first row).
 
@@ -255,12 +257,12 @@ def seeded_edit_conditions(checkpoint: str, prompts: list[str], *, grid: int = 4
     generators = [torch.Generator().manual_seed(sum(map(ord, prompt))) for prompt in prompts]
     if "text_encoder_2" in index:  # FLUX.1-Kontext: CLIP's pooled vector, then the source, in ``pooled``
         width, pooled = published(checkpoint, "text_encoder_2")["d_model"], transformer["pooled_projection_dim"]
-        states = torch.stack([torch.randn(6, width, generator=g) for g in generators])
+        states = torch.stack([torch.randn(text_tokens, width, generator=g) for g in generators])
         values = torch.stack([torch.randn(pooled + grid * grid * channels, generator=g) for g in generators])
-        return ConditionBatch(states, torch.ones(len(prompts), 6, dtype=torch.int8), values)
+        return ConditionBatch(states, torch.ones(len(prompts), text_tokens, dtype=torch.int8), values)
     width = published(checkpoint, "text_encoder")["hidden_size"]
-    states = torch.stack([torch.randn(6, width, generator=g) for g in generators])
-    mask = torch.ones(len(prompts), 6, dtype=torch.int8)
+    states = torch.stack([torch.randn(text_tokens, width, generator=g) for g in generators])
+    mask = torch.ones(len(prompts), text_tokens, dtype=torch.int8)
     mask[1:, -1] = 0
     source = torch.stack([torch.randn(grid * grid * channels, generator=g) for g in generators])
     return ConditionBatch(states * mask.unsqueeze(-1), mask, source)
